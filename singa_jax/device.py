@@ -7,7 +7,7 @@ accepted; whole-step compilation is done by :mod:`singa_jax.graph` instead.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import jax
 
@@ -16,7 +16,7 @@ __all__ = [
     "create_cuda_gpu", "create_cuda_gpus", "create_cuda_gpu_on", "create_cuda_gpus_on",
     "create_tpu_device", "create_tpu_devices", "create_device", "get_num_gpus", "get_gpu_ids",
     "get_gpu_mem_size", "device_query", "enable_lazy_alloc", "get_num_opencl_platforms",
-    "get_num_opencl_devices", "create_opencl_device", "all_devices",
+    "get_num_opencl_devices", "create_opencl_device", "all_devices", "default_device",
 ]
 
 
@@ -27,9 +27,12 @@ class Device:
     after :meth:`SetRandSeed`. In graph mode the key is threaded through the compiled step as state.
     """
 
-    def __init__(self, jax_device: jax.Device, seed: int = 0):
+    def __init__(self, jax_device: jax.Device, seed: Optional[int] = None):
         self.jax_device = jax_device
-        self.key = jax.device_put(jax.random.PRNGKey(seed), jax_device)
+        # Distinct default seeds per device, so replicas of a data-parallel step do not draw
+        # identical dropout masks unless the program seeds them alike.
+        self.key = jax.device_put(jax.random.PRNGKey(jax_device.id if seed is None else seed),
+                                  jax_device)
         self._graph_enabled = False
         self._verbosity = 0
         self._skip_iteration = 5
@@ -50,11 +53,14 @@ class Device:
         return self._graph_enabled
 
     def Sync(self) -> None:
-        """Wait until all work queued on this device has finished."""
-        jax.block_until_ready(self.key)
-        for a in jax.live_arrays():
-            if self.jax_device in a.devices():
-                a.block_until_ready()
+        """Wait until all work queued on this device has finished.
+
+        XLA has no per-device barrier, and its CPU runtime may run independent programs
+        concurrently, so waiting on the newest result is not enough: this waits on every live array
+        of the device's backend (one C++ call, no per-array Python work). Waiting on sibling
+        devices of the same backend as well is harmless for SINGA's uses (timing, step ends).
+        """
+        jax.block_until_ready(self.jax_device.client.live_arrays())
 
     def ResetGraph(self) -> None:
         """SINGA drops its buffered op graph; XLA programs are cached per step, nothing to drop."""
@@ -76,6 +82,14 @@ class Device:
     def lang(self) -> str:
         return self.platform
 
+    def host(self) -> "Device":
+        """The host (CPU) device that stages this device's transfers."""
+        return create_cpu_device()
+
+    def Reset(self) -> None:
+        """SINGA frees the device's memory pool; XLA frees buffers when their arrays die."""
+        self.ResetGraph()
+
     # --- JAX side ---------------------------------------------------------------------------
     @property
     def platform(self) -> str:
@@ -89,6 +103,11 @@ class Device:
     def put(self, array) -> jax.Array:
         """``array`` as a jax.Array on this device (tracers are returned unchanged)."""
         if isinstance(array, jax.core.Tracer):
+            return array
+        # Results of ops on this device are already committed here; device_put would cost
+        # ~40x the check on every Tensor created.
+        if (isinstance(array, jax.Array) and array.committed
+                and array.devices() == {self.jax_device}):
             return array
         return jax.device_put(array, self.jax_device)
 
@@ -205,11 +224,13 @@ def get_gpu_ids() -> List[int]:
     return list(range(get_num_gpus()))
 
 
-def get_gpu_mem_size(id: int) -> int:
-    """Bytes of memory of GPU ``id`` as XLA reports it (0 when the backend does not say)."""
+def get_gpu_mem_size(id: int) -> Tuple[int, int]:
+    """``(free, total)`` bytes of GPU ``id`` as XLA's allocator reports them (SINGA's pair);
+    ``(0, 0)`` when the backend does not report memory statistics."""
     dev = create_cuda_gpu_on(id)
     stats = dev.jax_device.memory_stats() or {}
-    return int(stats.get("bytes_limit", 0))
+    total = int(stats.get("bytes_limit", 0))
+    return max(total - int(stats.get("bytes_in_use", 0)), 0), total
 
 
 def device_query(id: int, verbose: bool = False) -> str:
@@ -219,6 +240,14 @@ def device_query(id: int, verbose: bool = False) -> str:
     if verbose:
         print(text)
     return text
+
+
+def __getattr__(name: str):
+    # SINGA's module attribute ``default_device``, resolved lazily so that importing this module
+    # does not start an XLA backend, and so that it follows set_default_device.
+    if name == "default_device":
+        return get_default_device()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def enable_lazy_alloc(enable: bool) -> None:

@@ -6,11 +6,17 @@ autograd attributes: ``creator`` (the operator that produced it), ``requires_gra
 ``stores_grad``.
 
 Arithmetic on Tensors here is plain computation (as in SINGA): it does not record the autograd
-graph; the functions of :mod:`singa_jax.autograd` do.
+graph; the functions of :mod:`singa_jax.autograd` do. Families of operations (operators, unary math
+functions, row/column updates, random fills) are declared by tables at the end of the module.
+See ``docs/tensors.md`` for the mapping onto JAX and the differences from SINGA.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+import builtins
+import contextlib
+import functools
+import math
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +40,11 @@ bool_ = np.dtype("bool")
 # SINGA's C++ enum values (core.proto DataType), accepted wherever a dtype is.
 _SINGA_DTYPE_CODES = {0: float32, 1: float16, 2: int32, 3: int8, 4: float64, 5: int64}
 _SINGA_DTYPE_NAMES = {v: k for k, v in _SINGA_DTYPE_CODES.items()}
+# SINGA's as_type/to_type also take the names 'int' and 'float' (its 32-bit types).
+_SINGA_DTYPE_WORDS = {"int": int32, "float": float32}
+
+CTensor = jax.Array  # what SINGA's Tensor wraps (a C++ tensor there, a jax.Array here)
+ShapeLike = Union[int, Sequence[int]]
 
 
 def to_dtype(dtype: Any) -> np.dtype:
@@ -44,6 +55,8 @@ def to_dtype(dtype: Any) -> np.dtype:
         if int(dtype) in _SINGA_DTYPE_CODES:
             return _SINGA_DTYPE_CODES[int(dtype)]
         raise TypeError(f"unknown SINGA dtype code {dtype}; known: {sorted(_SINGA_DTYPE_CODES)}")
+    if isinstance(dtype, str) and dtype in _SINGA_DTYPE_WORDS:
+        return _SINGA_DTYPE_WORDS[dtype]
     try:
         return jnp.dtype(dtype)
     except TypeError as e:
@@ -84,6 +97,21 @@ def _is_array(x) -> bool:
     return isinstance(x, (jax.Array, jax.core.Tracer))
 
 
+def _filled(shape: Tuple[int, ...], value: Any, dtype: Any, device: Device) -> jax.Array:
+    """A new array of ``shape`` filled with ``value``, created directly on ``device``."""
+    return jnp.full(shape, value, to_dtype(dtype), device=device.jax_device)
+
+
+def _as_shape(shape: ShapeLike) -> Tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        return (int(shape),)
+    return tuple(int(s) for s in shape)
+
+
+class InvalidIndex(IndexError, ValueError):
+    """A bad index. SINGA raises ValueError; being an IndexError too ends ``for row in t``."""
+
+
 class Tensor:
     """SINGA's Tensor: a mutable handle over a ``jax.Array``.
 
@@ -96,10 +124,14 @@ class Tensor:
         stores_grad: whether ``autograd.backward`` yields its gradient (implies requires_grad).
         creator: the operator that produced it (an ``autograd.Dummy`` when None).
         name: a name (``Dummy#N`` when None).
+
+    Operators (``+ - * / // ** @``, reflected and in-place forms, ``< <= > >= == !=``) follow
+    NumPy broadcasting; comparisons give 0/1 in the left operand's dtype, as SINGA's do.
     """
 
     tensor_count = 0
     __array_priority__ = 100  # make ndarray (op) Tensor defer to Tensor's reflected operators
+    __array_ufunc__ = None    # ... for every NumPy operator, ufuncs included
 
     def __init__(self, shape: Tuple[int, ...] = (), device: Optional[Device] = None,
                  dtype: Any = float32, data: Any = None, requires_grad: bool = True,
@@ -107,9 +139,10 @@ class Tensor:
         if device is None:
             device = get_default_device()
         elif not isinstance(device, Device):
-            raise TypeError(f"Tensor: device must be a singa_jax Device, got {type(device).__name__}")
+            raise TypeError(f"Tensor: device must be a singa_jax Device, got "
+                            f"{type(device).__name__}")
         if data is None:
-            arr = jnp.zeros(tuple(int(s) for s in shape), to_dtype(dtype))
+            arr = _filled(_as_shape(shape), 0, dtype, device)
         elif isinstance(data, Tensor):
             arr = data.data
         elif _is_array(data):
@@ -168,6 +201,7 @@ class Tensor:
         return int(self._data.size)
 
     def memsize(self) -> int:
+        """Bytes held by the array."""
         return int(self._data.size) * self._data.dtype.itemsize
 
     def is_dummy(self) -> bool:
@@ -184,6 +218,18 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    def __bool__(self) -> bool:
+        # NumPy's rule: only a one-element tensor has a truth value (``t in list`` would otherwise
+        # silently be True, since == is elementwise).
+        if self.size() != 1:
+            raise ValueError(f"the truth value of a Tensor of shape {self.shape} is ambiguous; "
+                             f"use `is None` tests or reduce it first")
+        return bool(self.data.reshape(()))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        arr = np.array(self.data)
+        return arr if dtype is None else arr.astype(dtype)
+
     def __repr__(self) -> str:
         if isinstance(self._data, jax.core.Tracer):
             return f"Tensor(traced, shape={self.shape}, dtype={self.dtype})"
@@ -192,13 +238,477 @@ class Tensor:
     def __hash__(self) -> int:  # Tensors are compared by identity in dicts/sets (like SINGA)
         return id(self)
 
+    def _new(self, arr: jax.Array) -> "Tensor":
+        """A fresh Tensor over ``arr`` on this tensor's device (SINGA's default flags)."""
+        return Tensor(data=arr, device=self.device)
 
+    # --- shape ------------------------------------------------------------------------------
+    def reshape(self, shape: ShapeLike) -> "Tensor":
+        """A new tensor with this tensor's values in ``shape`` (one entry may be -1)."""
+        shape = _as_shape(shape)
+        known = math.prod(s for s in shape if s != -1)
+        fits = (known == self.size() if -1 not in shape
+                else shape.count(-1) == 1 and known and self.size() % known == 0)
+        if not fits:
+            raise ValueError(f"reshape: cannot reshape a tensor of shape {self.shape} "
+                             f"({self.size()} elements) to {shape}")
+        return self._new(self.data.reshape(shape))
+
+    def transpose(self, axes: Optional[Sequence[int]] = None) -> "Tensor":
+        """A new tensor with permuted axes (reversed when ``axes`` is None)."""
+        if axes is not None:
+            axes = tuple(int(a) % builtins.max(self.ndim(), 1) for a in axes)
+            if sorted(axes) != list(range(self.ndim())):
+                raise ValueError(f"transpose: axes {axes} are not a permutation of the "
+                                 f"{self.ndim()} axes of a tensor of shape {self.shape}")
+        return self._new(jnp.transpose(self.data, axes))
+
+    def T(self) -> "Tensor":
+        """The transpose (all axes reversed); SINGA's shallow transposed view."""
+        return self.transpose()
+
+    def contiguous(self) -> "Tensor":
+        return self._new(self.data)
+
+    def repeat(self, repeats: Union[int, Sequence[int]], axis: Optional[int] = None) -> "Tensor":
+        """``numpy.repeat``: each element ``repeats`` times along ``axis`` (flattened if None)."""
+        counts = [repeats] if isinstance(repeats, (int, np.integer)) else list(repeats)
+        if builtins.any(int(r) < 0 for r in counts):
+            raise ValueError(f"repeat: repeats must be non-negative, got {repeats}")
+        if len(counts) > 1:
+            if axis is None:
+                raise ValueError(f"repeat: with axis=None, repeats must be an int, got {repeats}")
+            if len(counts) != self.shape[axis]:
+                raise ValueError(f"repeat: {len(counts)} repeats for axis {axis} of size "
+                                 f"{self.shape[axis]} (shape {self.shape})")
+        reps = int(counts[0]) if len(counts) == 1 else np.asarray(counts)
+        return self._new(jnp.repeat(self.data, reps, axis=axis))
+
+    def reset_like(self, t: "Tensor") -> None:
+        """Make this tensor a zero tensor with ``t``'s shape, dtype and device."""
+        self.device = t.device
+        self.data = _filled(t.shape, 0, t.dtype, t.device)
+
+    # --- dtype and device -------------------------------------------------------------------
+    def as_type(self, dtype: Any) -> "Tensor":
+        """A new tensor with this tensor's values converted to ``dtype``."""
+        return self._new(self.data.astype(to_dtype(dtype)))
+
+    def to_type(self, dtype: Any) -> "Tensor":
+        """Convert this tensor to ``dtype`` in place; returns it."""
+        self.data = self.data.astype(to_dtype(dtype))
+        return self
+
+    def to_device(self, device: Device) -> "Tensor":
+        """Move this tensor's data onto ``device`` (in place); returns it."""
+        if not isinstance(device, Device):
+            raise TypeError(f"to_device: expected a singa_jax Device, got {type(device).__name__}")
+        self.data = device.put(self.data)
+        self.device = device
+        return self
+
+    def to_host(self) -> "Tensor":
+        """Move this tensor's data onto the host (CPU) device; returns it."""
+        return self.to_device(_device_mod.create_cpu_device())
+
+    # --- norms ------------------------------------------------------------------------------
+    def l1(self) -> float:
+        """SINGA's L1: ``sum(|x|) / size``."""
+        return _to_scalar(jnp.sum(jnp.abs(self.data)) / self.size())
+
+    def l2(self) -> float:
+        """SINGA's L2: ``sqrt(sum(x**2)) / size`` (SINGA divides the norm by the size)."""
+        return _to_scalar(jnp.linalg.norm(self.data.ravel()) / self.size())
+
+    # --- writing values ---------------------------------------------------------------------
+    def set_value(self, x: Any, inplace: bool = True) -> "Tensor":
+        """Fill with ``x``: this tensor (returned) if ``inplace``, else a new tensor."""
+        if isinstance(x, Tensor):
+            x = x.data
+        return self._fill(_filled(self.shape, x, self.dtype, self.device), inplace)
+
+    def _fill(self, arr: jax.Array, inplace: bool) -> "Tensor":
+        """Rebind this tensor to ``arr`` and return it, or (not inplace) a new tensor over it."""
+        if not inplace:
+            return self._new(arr)
+        self.data = arr
+        return self
+
+    def copy_from_numpy(self, np_array: np.ndarray, offset: int = 0) -> None:
+        """Copy a NumPy array's values (flattened, converted to this dtype) in, from element
+        ``offset`` of this tensor on. With ``offset=0`` the sizes must be equal (as in SINGA)."""
+        src = np.asarray(np_array)
+        if src.dtype.kind not in "biuf":
+            raise TypeError(f"copy_from_numpy: cannot copy a NumPy array of dtype {src.dtype} into "
+                            f"a {self.dtype} tensor")
+        if (src.size != self.size()) if offset == 0 else (offset < 0 or
+                                                          offset + src.size > self.size()):
+            raise ValueError(f"copy_from_numpy: a NumPy array of shape {src.shape} ({src.size} "
+                             f"elements) does not fit a tensor of shape {self.shape} "
+                             f"({self.size()} elements) at offset {offset}")
+        values = self.device.put(src.astype(self.dtype).reshape(-1))
+        self.data = _write_flat(self.data, offset, values)
+
+    def copy_data(self, t: "Tensor") -> None:
+        """Copy ``t``'s values (same number of elements, any device) into this tensor."""
+        if not isinstance(t, Tensor):
+            raise TypeError(f"copy_data: expected a Tensor, got {type(t).__name__}")
+        if t.size() != self.size():
+            raise ValueError(f"copy_data: source of shape {t.shape} ({t.size()} elements) does not "
+                             f"match this tensor of shape {self.shape} ({self.size()} elements)")
+        self.data = self.device.put(t.data.reshape(self.shape).astype(self.dtype))
+
+    def copy_from(self, t: Union["Tensor", np.ndarray], offset: int = 0) -> None:
+        """Copy from a Tensor or a NumPy array (to element ``offset`` on)."""
+        if isinstance(t, Tensor):
+            if offset == 0:
+                self.copy_data(t)
+            else:
+                copy_data_to_from(self, t, t.size(), offset, 0)
+        elif isinstance(t, np.ndarray):
+            self.copy_from_numpy(t, offset)
+        else:
+            raise TypeError(f"copy_from: t should be a Tensor or a NumPy array, got "
+                            f"{type(t).__name__}")
+
+    def clone(self) -> "Tensor":
+        """A new tensor with the same values, dtype and device (arrays are immutable, so it can
+        share the array: later in-place ops on either rebind only that handle)."""
+        return self._new(self.data)
+
+    copy = clone      # SINGA's shallow copy; sharing is invisible with immutable arrays
+    deepcopy = clone
+
+    def __copy__(self) -> "Tensor":
+        return self.clone()
+
+    def __deepcopy__(self, memo: dict) -> "Tensor":
+        # Keep the flags and name (copy.deepcopy of models/optimizer states), share the Device.
+        return Tensor(data=self.data, device=self.device, requires_grad=self.requires_grad,
+                      stores_grad=self.stores_grad, name=self.name)
+
+    # --- random fills: every draw splits the device's key (reproducible after SetRandSeed) ----
+    def _fill_random(self, kind: str, inplace: bool, *params: float) -> "Tensor":
+        _SAMPLERS[kind][1](kind, *params)
+        arr = _draw(self.device.next_key(), tuple(float(p) for p in params), kind, self.shape,
+                    self.dtype)
+        return self._fill(arr, inplace)
+
+    def bernoulli(self, p: float, inplace: bool = True) -> "Tensor":
+        """Each element 1 with probability ``p``, else 0."""
+        return self._fill_random("bernoulli", inplace, p)
+
+    def gaussian(self, mean: float, std: float, inplace: bool = True) -> "Tensor":
+        """Each element drawn from N(mean, std**2)."""
+        return self._fill_random("gaussian", inplace, mean, std)
+
+    def uniform(self, low: float, high: float, inplace: bool = True) -> "Tensor":
+        """Each element drawn from U[low, high)."""
+        return self._fill_random("uniform", inplace, low, high)
+
+    # --- indexing (SINGA: ints and slices only; an int index keeps its axis with size 1) ------
+    def _index(self, keys: Any, op: str) -> Tuple[slice, ...]:
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        if len(keys) > self.ndim():
+            raise InvalidIndex(f"{op}: {len(keys)} indices for a tensor of shape {self.shape}")
+        index = []
+        for axis, key in enumerate(keys):
+            n = self.shape[axis]
+            if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+                k = int(key) + (n if key < 0 else 0)
+                if not 0 <= k < n:
+                    raise InvalidIndex(f"{op}: index {key} is out of range for axis {axis} of "
+                                       f"size {n} (shape {self.shape})")
+                index.append(slice(k, k + 1))
+            elif isinstance(key, slice):
+                index.append(key)
+            else:
+                raise InvalidIndex(f"{op}: index {key!r} on axis {axis}: only ints and slices are "
+                                   f"supported")
+        return tuple(index)
+
+    def __getitem__(self, keys: Any) -> "Tensor":
+        return self._new(self.data[self._index(keys, "__getitem__")])
+
+    def __setitem__(self, keys: Any, value: Any) -> None:
+        index = self._index(keys, "__setitem__")
+        target = tuple(len(range(*s.indices(n))) for s, n in zip(index, self.shape))
+        target += self.shape[len(index):]
+        v = _operand("__setitem__", self, value)
+        if v is NotImplemented:
+            raise TypeError(f"__setitem__: cannot assign a {type(value).__name__}")
+        if _broadcast("__setitem__", target, jnp.shape(v)) != target:
+            raise ValueError(f"__setitem__: value of shape {jnp.shape(v)} does not fit the "
+                             f"selected region of shape {target}")
+        self.data = self.data.at[index].set(jnp.asarray(v).astype(self.dtype))
+
+    # --- SINGA's deprecated row/column updates and the operators: generated from tables below
+
+
+def _to_scalar(x: jax.Array):
+    """A Python float of a 0-d result (SINGA returns floats); the array itself while tracing."""
+    return x if isinstance(x, jax.core.Tracer) else float(x)
+
+
+def _write_flat(arr: jax.Array, offset: int, values: jax.Array) -> jax.Array:
+    """``arr`` with its flattened elements ``offset ...`` replaced by ``values``."""
+    if offset == 0 and values.size == arr.size:
+        return values.reshape(arr.shape)
+    return arr.reshape(-1).at[offset:offset + values.size].set(values).reshape(arr.shape)
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"Tensor of shape {x.shape}, dtype {x.dtype} on {x.device}"
+    return f"{type(x).__name__} of shape {np.shape(x)}"
+
+
+def _same_device(op: str, *tensors: Tensor) -> None:
+    first = tensors[0]
+    for t in tensors[1:]:
+        if t.device.jax_device != first.device.jax_device:
+            raise ValueError(f"{op}: operands are on different devices: {_describe(first)} and "
+                             f"{_describe(t)}; move one with Tensor.to_device()")
+
+
+def _check_tensor(op: str, name: str, x: Any) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
+    return x
+
+
+def _operand(op: str, t: Tensor, x: Any):
+    """``x`` as an operand of ``t`` in ``op``: its array (same device enforced) or a scalar/array;
+    NotImplemented for other types, so Python can try the other operand's operator."""
+    if isinstance(x, Tensor):
+        _same_device(op, t, x)
+        return x.data
+    if isinstance(x, (bool, int, float)):
+        return x
+    if isinstance(x, np.generic):
+        return x.item()  # a Python scalar stays weakly typed: it does not promote t's dtype
+    if isinstance(x, np.ndarray) or _is_array(x):
+        return x
+    return NotImplemented
+
+
+def _broadcast(op: str, a: Tuple[int, ...], b: Tuple[int, ...]) -> Tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+    except ValueError:
+        raise ValueError(f"{op}: shapes {tuple(a)} and {tuple(b)} do not broadcast together "
+                         f"(NumPy broadcasting rules)") from None
+
+
+@contextlib.contextmanager
+def _shape_errors(op: str, *operands: Any) -> Iterator[None]:
+    """Re-raise JAX's complaints about operand shapes (TypeError or ValueError there) as a
+    ValueError naming ``op`` and the operands."""
+    try:
+        yield
+    except jax.errors.ConcretizationTypeError:
+        raise
+    except (TypeError, ValueError) as e:
+        described = "; ".join(_describe(x) for x in operands)
+        raise ValueError(f"{op}: {e} (operands: {described})") from e
+
+
+def _binary(op: str, fn: Callable, lhs: Tensor, rhs: Any, reflected: bool = False):
+    """``fn(lhs, rhs)`` on arrays (``fn(rhs, lhs)`` if reflected) with NumPy broadcasting."""
+    b = _operand(op, lhs, rhs)
+    if b is NotImplemented:
+        return b
+    _broadcast(op, lhs.shape, jnp.shape(b))
+    return fn(b, lhs.data) if reflected else fn(lhs.data, b)
+
+
+def _store(op: str, out: Tensor, arr: jax.Array) -> Tensor:
+    """Write ``arr`` into ``out`` (SINGA's ``ret=``/``out=``/``C=``): same shape, out's dtype."""
+    _check_tensor(op, "the output", out)
+    if tuple(arr.shape) != out.shape:
+        raise ValueError(f"{op}: result of shape {tuple(arr.shape)} does not fit the output "
+                         f"tensor of shape {out.shape}")
+    out.data = out.device.put(arr.astype(out.dtype))
+    return out
+
+
+def _result(op: str, like: Tensor, arr: Any, out: Optional[Tensor]) -> Tensor:
+    if arr is NotImplemented:
+        raise TypeError(f"{op}: unsupported operand; expected a Tensor, a number or an array")
+    return like._new(arr) if out is None else _store(op, out, arr)
+
+
+# --- operators, generated from tables ----------------------------------------------------------
+# name: the array function. Each entry gives __name__, __rname__ and __iname__.
+_ARITHMETIC: Dict[str, Callable] = {
+    "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "truediv": jnp.true_divide,
+    "floordiv": jnp.floor_divide, "pow": jnp.power,
+}
+# Comparisons give 0/1 in the left operand's dtype (SINGA: ``t[i] < x ? 1.0f : 0.0f``).
+_COMPARISONS: Dict[str, Callable] = {
+    "lt": jnp.less, "le": jnp.less_equal, "gt": jnp.greater, "ge": jnp.greater_equal,
+    "eq": jnp.equal, "ne": jnp.not_equal,
+}
+
+
+def _arithmetic_methods(name: str, fn: Callable) -> Dict[str, Callable]:
+    op = f"__{name}__"
+
+    def forward(self, other):
+        arr = _binary(op, fn, self, other)
+        return arr if arr is NotImplemented else self._new(arr)
+
+    def reflected(self, other):
+        arr = _binary(f"__r{name}__", fn, self, other, reflected=True)
+        return arr if arr is NotImplemented else self._new(arr)
+
+    def inplace(self, other):
+        # The handle keeps its shape and dtype (SINGA updates its buffer); the array is rebound.
+        arr = _binary(f"__i{name}__", fn, self, other)
+        if arr is NotImplemented:
+            return arr
+        if tuple(arr.shape) != self.shape:
+            raise ValueError(f"__i{name}__: result of shape {tuple(arr.shape)} cannot be stored "
+                             f"in place in a tensor of shape {self.shape}")
+        self.data = arr.astype(self.dtype)
+        return self
+
+    return {f"__{name}__": forward, f"__r{name}__": reflected, f"__i{name}__": inplace}
+
+
+def _comparison_method(name: str, fn: Callable) -> Callable:
+    def compare(self, other):
+        if other is None:  # SINGA: ``t == None`` is False
+            return name == "ne"
+        arr = _binary(f"__{name}__", fn, self, other)
+        return arr if arr is NotImplemented else self._new(arr.astype(self.dtype))
+    return compare
+
+
+def _install_operators() -> None:
+    for name, fn in _ARITHMETIC.items():
+        for dunder, method in _arithmetic_methods(name, fn).items():
+            method.__name__ = method.__qualname__ = dunder
+            method.__doc__ = f"Elementwise ``{fn.__name__}`` with NumPy broadcasting."
+            setattr(Tensor, dunder, method)
+    for name, fn in _COMPARISONS.items():
+        method = _comparison_method(name, fn)
+        method.__name__ = method.__qualname__ = f"__{name}__"
+        method.__doc__ = f"Elementwise ``{fn.__name__}``: 0/1 in this tensor's dtype."
+        setattr(Tensor, f"__{name}__", method)
+    # Python 2 names SINGA still defines
+    Tensor.__div__, Tensor.__rdiv__, Tensor.__idiv__ = (
+        Tensor.__truediv__, Tensor.__rtruediv__, Tensor.__itruediv__)
+    Tensor.__neg__ = lambda self: self._new(jnp.negative(self.data))
+    Tensor.__pos__ = lambda self: self._new(self.data)
+    Tensor.__abs__ = lambda self: self._new(jnp.abs(self.data))
+    Tensor.__matmul__ = lambda self, other: mult(self, other)
+    Tensor.__rmatmul__ = lambda self, other: mult(_as_tensor_like(other, self), self)
+
+
+def _as_tensor_like(x: Any, like: Tensor) -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    return Tensor(data=jnp.asarray(x), device=like.device)
+
+
+# --- SINGA's deprecated row/column updates (in place; v has one entry per row/column) ---------
+# method: (array function, axis of M that v runs along). Shapes (n,), (n, 1) and (1, n) all work.
+_LINE_UPDATES: Dict[str, Tuple[Callable, int]] = {
+    "add_column": (jnp.add, 0), "add_row": (jnp.add, 1),
+    "div_column": (jnp.true_divide, 0), "div_row": (jnp.true_divide, 1),
+    "mult_column": (jnp.multiply, 0), "mult_row": (jnp.multiply, 1),
+}
+
+
+def _line(op: str, M: Tensor, v: Any, axis: int) -> jax.Array:
+    """``v`` as a column (axis 0) or row (axis 1) of the 2-d tensor ``M``, for broadcasting."""
+    _check_tensor(op, "M", M)
+    _check_tensor(op, "v", v)
+    if M.ndim() != 2:
+        raise ValueError(f"{op}: expects a 2-d tensor, got shape {M.shape}")
+    _same_device(op, M, v)
+    n = M.shape[axis]
+    if v.size() != n:
+        kind = "column" if axis == 0 else "row"
+        raise ValueError(f"{op}: v of shape {v.shape} must have {n} elements to be a {kind} of a "
+                         f"tensor of shape {M.shape}")
+    return v.data.reshape((n, 1) if axis == 0 else (1, n))
+
+
+def _line_method(name: str, fn: Callable, axis: int) -> Callable:
+    def update(self, v: Tensor) -> Tensor:
+        self.data = fn(self.data, _line(name, self, v, axis)).astype(self.dtype)
+        return self
+    update.__name__ = update.__qualname__ = name
+    what = "column" if axis == 0 else "row"
+    update.__doc__ = f"In place: ``{fn.__name__}`` ``v`` with each {what} of this 2-d tensor."
+    return update
+
+
+for _name, (_fn, _axis) in _LINE_UPDATES.items():
+    setattr(Tensor, _name, _line_method(_name, _fn, _axis))
+
+
+# --- random samplers: name -> (sampler(key, shape, dtype, *params), parameter check) -----------
+def _check_probability(op: str, p: float) -> None:
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{op}: p must be in [0, 1], got {p}")
+
+
+def _check_std(op: str, mean: float, std: float) -> None:
+    if std < 0:
+        raise ValueError(f"{op}: std must be non-negative, got {std}")
+
+
+def _check_bounds(op: str, low: float, high: float) -> None:
+    if low > high:
+        raise ValueError(f"{op}: low ({low}) must not exceed high ({high})")
+
+
+_SAMPLERS: Dict[str, Tuple[Callable, Callable]] = {
+    "bernoulli": (lambda key, shape, dt, p: jax.random.bernoulli(key, p, shape),
+                  _check_probability),
+    "gaussian": (lambda key, shape, dt, mean, std: mean + std * jax.random.normal(key, shape, dt),
+                 _check_std),
+    "uniform": (lambda key, shape, dt, low, high: jax.random.uniform(key, shape, dt, low, high),
+                _check_bounds),
+}
+
+
+def _draw(key: jax.Array, params: Tuple[float, ...], kind: str, shape: Tuple[int, ...],
+          dtype: np.dtype) -> jax.Array:
+    """Samples of ``kind`` in ``shape`` and ``dtype``.
+
+    XLA compiles the random-bit generator anew for every shape, which costs far more than
+    drawing, so samples are drawn in flat power-of-two buckets (one compiled program per bucket,
+    kind and dtype) and cut to size: a prefix of i.i.d. samples is still i.i.d.
+    """
+    size = math.prod(shape)
+    # float32 samples for every dtype but float64 (converted after), so dtypes share programs
+    sample_dtype = float64 if dtype == float64 else float32
+    flat = _draw_flat(key, params, kind=kind, count=builtins.max(64, 1 << (size - 1).bit_length()),
+                      dtype=sample_dtype)
+    return flat[:size].reshape(shape).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "count", "dtype"))
+def _draw_flat(key: jax.Array, params: Tuple[float, ...], *, kind: str, count: int,
+               dtype: np.dtype) -> jax.Array:
+    # parameter values are traced, so changing them does not recompile
+    return _SAMPLERS[kind][0](key, (count,), dtype, *params).astype(dtype)
+
+
+PlaceHolder = Tensor  # SINGA's alias
+
+
+# --- module functions --------------------------------------------------------------------------
 def from_raw_tensor(t: jax.Array) -> Tensor:
     """A Tensor over the array ``t`` (SINGA wraps a CTensor)."""
     return Tensor(data=t, device=_device_of(t))
 
 
-def from_raw_tensors(tt) -> list:
+def from_raw_tensors(tt) -> List[Tensor]:
     return [from_raw_tensor(t) for t in tt]
 
 
@@ -215,15 +725,298 @@ def _device_of(arr) -> Device:
 
 
 def from_numpy(np_array: np.ndarray, dev: Optional[Device] = None) -> Tensor:
-    """A Tensor holding a copy of ``np_array`` (float64 becomes float32, int64 int32 as in SINGA)."""
+    """A Tensor holding a copy of ``np_array`` (float64 becomes float32 and int64 int32, as in
+    SINGA)."""
     a = np.asarray(np_array)
     if a.dtype == np.float64:
         a = a.astype(np.float32)
     elif a.dtype == np.int64:
         a = a.astype(np.int32)
+    elif a.dtype.kind not in "biuf":
+        raise TypeError(f"from_numpy: cannot make a tensor from a NumPy array of dtype {a.dtype}")
     return Tensor(data=a, device=dev, dtype=a.dtype)
 
 
 def to_numpy(t: Tensor) -> np.ndarray:
-    """A NumPy copy of ``t``'s value."""
-    return np.asarray(t.data)
+    """A (writable) NumPy copy of ``t``'s value."""
+    return np.array(_check_tensor("to_numpy", "t", t).data)
+
+
+def to_host(t: Tensor) -> Tensor:
+    """A copy of ``t`` on the host (CPU) device."""
+    return t.clone().to_host()
+
+
+def copy_from_numpy(data: Tensor, np_array: np.ndarray) -> None:
+    """Copy ``np_array`` into the tensor ``data`` (SINGA passes its C++ tensor)."""
+    _check_tensor("copy_from_numpy", "data", data).copy_from_numpy(np_array)
+
+
+def copy_data_to_from(dst: Tensor, src: Tensor, size: int, dst_offset: int = 0,
+                      src_offset: int = 0) -> None:
+    """Copy ``size`` elements of ``src`` (from flat position ``src_offset``) into ``dst`` (from
+    ``dst_offset``); the tensors may be on different devices."""
+    op = "copy_data_to_from"
+    _check_tensor(op, "dst", dst)
+    _check_tensor(op, "src", src)
+    if (builtins.min(size, dst_offset, src_offset) < 0 or src_offset + size > src.size()
+            or dst_offset + size > dst.size()):
+        raise ValueError(f"{op}: cannot copy {size} elements from offset {src_offset} of a tensor "
+                         f"of shape {src.shape} to offset {dst_offset} of a tensor of shape "
+                         f"{dst.shape}")
+    values = src.data.reshape(-1)[src_offset:src_offset + size].astype(dst.dtype)
+    dst.data = _write_flat(dst.data, dst_offset, dst.device.put(values))
+
+
+def _constant(shape: ShapeLike, value: float, device: Optional[Device]) -> Tensor:
+    device = get_default_device() if device is None else device
+    return Tensor(data=_filled(_as_shape(shape), value, float32, device), device=device)
+
+
+def zeros(shape: ShapeLike, device: Optional[Device] = None) -> Tensor:
+    """A float32 tensor of zeros (on the default device if ``device`` is None)."""
+    return _constant(shape, 0.0, device)
+
+
+def ones(shape: ShapeLike, device: Optional[Device] = None) -> Tensor:
+    """A float32 tensor of ones."""
+    return _constant(shape, 1.0, device)
+
+
+def random(shape: ShapeLike, device: Optional[Device] = None) -> Tensor:
+    """A float32 tensor drawn from U[0, 1) with the device's key."""
+    return _constant(shape, 0.0, device).uniform(0.0, 1.0)
+
+
+def zeros_like(t: Tensor) -> Tensor:
+    """Zeros with ``t``'s shape, dtype and device."""
+    return t.set_value(0, inplace=False)
+
+
+def ones_like(t: Tensor) -> Tensor:
+    """Ones with ``t``'s shape, dtype and device."""
+    return t.set_value(1, inplace=False)
+
+
+def product(shape: Sequence[int]) -> int:
+    """Number of elements of ``shape``."""
+    return math.prod(int(s) for s in shape)
+
+
+def sizeof(dtype: Any) -> int:
+    """Bytes per element of ``dtype`` (a SINGA dtype constant or any dtype spec)."""
+    return to_dtype(dtype).itemsize
+
+
+def contiguous(tensor: Tensor) -> Tensor:
+    return tensor.contiguous()
+
+
+def reshape(tensor: Tensor, shape: ShapeLike) -> Tensor:
+    """``tensor``'s values in a new shape (``tensor`` is unchanged)."""
+    return tensor.reshape(shape)
+
+
+def transpose(t: Tensor, axes: Optional[Sequence[int]] = None) -> Tensor:
+    return t.transpose(axes)
+
+
+def repeat(t: Tensor, repeats: Union[int, Sequence[int]], axis: Optional[int] = None) -> Tensor:
+    return t.repeat(repeats, axis)
+
+
+def sum(t: Tensor, axis: Union[None, int, Tuple[int, ...]] = None,
+        out: Optional[Tensor] = None) -> Tensor:
+    """Sum over ``axis`` (all elements when None: a 0-d tensor), optionally into ``out``."""
+    with _shape_errors("sum", t):
+        arr = jnp.sum(t.data, axis=axis)
+    return _result("sum", t, arr, out)
+
+
+def average(t: Tensor, axis: Optional[int] = None) -> Union[float, Tensor]:
+    """Mean of all elements as a float (SINGA also does so for 1-d tensors), else the tensor of
+    means over ``axis``."""
+    if axis is None or t.ndim() <= 1:
+        return _to_scalar(jnp.mean(t.data))
+    with _shape_errors("average", t):
+        return t._new(jnp.mean(t.data, axis=axis))
+
+
+def softmax(t: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """Softmax over the last axis (each row of a 2-d tensor):
+    ``exp(x - max) / sum(exp(x - max))``."""
+    return _result("softmax", t, jax.nn.softmax(t.data, axis=-1), out)
+
+
+def _elementwise(op: str, fn: Callable, lhs: Tensor, rhs: Any, out: Optional[Tensor]) -> Tensor:
+    _check_tensor(op, "lhs", lhs)
+    return _result(op, lhs, _binary(op, fn, lhs, rhs), out)
+
+
+def pow(t: Tensor, x: Any, out: Optional[Tensor] = None) -> Tensor:
+    """``t ** x`` elementwise (``x`` a number or a broadcastable Tensor)."""
+    return _elementwise("pow", jnp.power, t, x, out)
+
+
+def _make_elementwise(name: str, fn: Callable) -> Callable:
+    def elementwise(lhs: Tensor, rhs: Any, ret: Optional[Tensor] = None) -> Tensor:
+        return _elementwise(name, fn, lhs, rhs, ret)
+    elementwise.__name__ = elementwise.__qualname__ = name
+    elementwise.__doc__ = (f"Elementwise ``{fn.__name__}(lhs, rhs)`` with NumPy broadcasting; "
+                           f"written into ``ret`` (and returned) when given.")
+    return elementwise
+
+
+def _make_comparison(name: str) -> Callable:
+    def comparison(t: Tensor, x: Any) -> Tensor:
+        result = getattr(_check_tensor(name, "t", t), f"__{name}__")(x)
+        if result is NotImplemented:
+            raise TypeError(f"{name}: cannot compare a Tensor with a {type(x).__name__}")
+        return result
+    comparison.__name__ = comparison.__qualname__ = name
+    comparison.__doc__ = (f"Elementwise ``{_COMPARISONS[name].__name__}(t, x)`` as 0/1 in "
+                          f"``t``'s dtype.")
+    return comparison
+
+
+def _make_unary(name: str, fn: Callable, formula: str) -> Callable:
+    def unary(t: Tensor) -> Tensor:
+        return _check_tensor(name, "t", t)._new(fn(t.data))
+    unary.__name__ = unary.__qualname__ = name
+    unary.__doc__ = f"A new tensor with ``{formula}`` for each element x of ``t``."
+    return unary
+
+
+# SINGA's elementwise module functions: name -> array function (+ formula for the docstring).
+_ELEMENTWISE = {"add": jnp.add, "sub": jnp.subtract, "eltwise_mult": jnp.multiply,
+                "div": jnp.true_divide}
+_UNARY: Dict[str, Tuple[Callable, str]] = {
+    "abs": (jnp.abs, "|x|"), "exp": (jnp.exp, "exp(x)"), "ceil": (jnp.ceil, "ceil(x)"),
+    "log": (jnp.log, "log(x)"), "sigmoid": (jax.nn.sigmoid, "1 / (1 + exp(-x))"),
+    "sign": (jnp.sign, "sign(x)"), "sqrt": (jnp.sqrt, "sqrt(x)"),
+    "square": (jnp.square, "x * x"), "tanh": (jnp.tanh, "tanh(x)"),
+}
+for _name, _fn in _ELEMENTWISE.items():
+    globals()[_name] = _make_elementwise(_name, _fn)
+for _name in ("lt", "le", "gt", "ge", "eq"):
+    globals()[_name] = _make_comparison(_name)
+for _name, (_fn, _formula) in _UNARY.items():
+    globals()[_name] = _make_unary(_name, _fn, _formula)
+
+
+def mult(A: Tensor, B: Tensor, C: Optional[Tensor] = None, alpha: float = 1.0,
+         beta: float = 0.0) -> Tensor:
+    """``alpha * A @ B`` (matrix-matrix, matrix-vector or batched), or in place
+    ``C = alpha * A @ B + beta * C`` when ``C`` is given (then returned)."""
+    _check_tensor("mult", "A", A)
+    _check_tensor("mult", "B", B)
+    _same_device("mult", A, B)
+    with _shape_errors("mult", A, B):
+        prod = jnp.matmul(A.data, B.data)
+    if alpha != 1.0:
+        prod = alpha * prod
+    if C is None:
+        return A._new(prod)
+    _same_device("mult", A, _check_tensor("mult", "C", C))
+    # BLAS ignores C when beta is 0, so NaNs in C do not leak in
+    return _store("mult", C, prod if beta == 0 else prod + beta * C.data)
+
+
+def einsum(ops: str, *args: Tensor) -> Tensor:
+    """``numpy.einsum`` over Tensors, e.g. ``einsum('ki,kj->kij', A, B)``."""
+    if not ops:
+        raise ValueError("einsum: no subscripts given")
+    if not args:
+        raise ValueError(f"einsum: no operands for {ops!r}")
+    for i, a in enumerate(args):
+        _check_tensor("einsum", f"operand {i}", a)
+    _same_device("einsum", *args)
+    with _shape_errors(f"einsum({ops!r})", *args):
+        return args[0]._new(jnp.einsum(ops, *(a.data for a in args)))
+
+
+def tensordot(A: Tensor, B: Tensor, axes: Any = 2) -> Tensor:
+    """``numpy.tensordot``: sum products over the last ``axes`` of A and first of B, or over the
+    pair of axis lists ``axes``."""
+    _check_tensor("tensordot", "A", A)
+    _check_tensor("tensordot", "B", B)
+    _same_device("tensordot", A, B)
+    if isinstance(axes, (list, tuple)):
+        axes = tuple(tuple(a) if isinstance(a, (list, tuple)) else a for a in axes)
+    with _shape_errors("tensordot", A, B):
+        return A._new(jnp.tensordot(A.data, B.data, axes))
+
+
+def concatenate(tensors: Sequence[Tensor], axis: int) -> Tensor:
+    """Join tensors along ``axis`` (all other dimensions equal)."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("concatenate: no tensors given")
+    for i, t in enumerate(tensors):
+        _check_tensor("concatenate", f"tensor {i}", t)
+    _same_device("concatenate", *tensors)
+    with _shape_errors("concatenate", *tensors):
+        return tensors[0]._new(jnp.concatenate([t.data for t in tensors], axis=axis))
+
+
+def axpy(alpha: float, x: Tensor, y: Tensor) -> Tensor:
+    """In place ``y += alpha * x``; returns ``y``."""
+    _check_tensor("axpy", "x", x)
+    _check_tensor("axpy", "y", y)
+    _same_device("axpy", x, y)
+    if _broadcast("axpy", x.shape, y.shape) != y.shape:
+        raise ValueError(f"axpy: x of shape {x.shape} does not broadcast to y of shape {y.shape}")
+    y.data = (y.data + alpha * x.data).astype(y.dtype)
+    return y
+
+
+def bernoulli(p: float, t: Tensor) -> Tensor:
+    """Fill ``t`` in place with 1 (probability ``p``) or 0; returns ``t``."""
+    return _check_tensor("bernoulli", "t", t).bernoulli(p)
+
+
+def gaussian(mean: float, std: float, t: Tensor) -> Tensor:
+    """Fill ``t`` in place from N(mean, std**2); returns ``t``."""
+    return _check_tensor("gaussian", "t", t).gaussian(mean, std)
+
+
+def uniform(low: float, high: float, t: Tensor) -> Tensor:
+    """Fill ``t`` in place from U[low, high); returns ``t``."""
+    return _check_tensor("uniform", "t", t).uniform(low, high)
+
+
+def _scaled_line_update(op: str, alpha: float, v: Tensor, beta: float, M: Tensor,
+                        axis: int) -> Tensor:
+    line = _line(op, M, v, axis)
+    M.data = (alpha * line + beta * M.data).astype(M.dtype)
+    return M
+
+
+def add_column(alpha: float, v: Tensor, beta: float, M: Tensor) -> Tensor:
+    """In place, for each column m of the 2-d ``M``: ``m = alpha * v + beta * m``; returns M."""
+    return _scaled_line_update("add_column", alpha, v, beta, M, 0)
+
+
+def add_row(alpha: float, v: Tensor, beta: float, M: Tensor) -> Tensor:
+    """In place, for each row m of the 2-d ``M``: ``m = alpha * v + beta * m``; returns M."""
+    return _scaled_line_update("add_row", alpha, v, beta, M, 1)
+
+
+def _sum_keepdims(op: str, M: Tensor, axis: int) -> Tensor:
+    if _check_tensor(op, "M", M).ndim() != 2:
+        raise ValueError(f"{op}: expects a 2-d tensor, got shape {M.shape}")
+    return M._new(jnp.sum(M.data, axis=axis, keepdims=True))
+
+
+def sum_columns(M: Tensor) -> Tensor:
+    """Sum of the columns of the 2-d ``M``: a column of shape (rows, 1)."""
+    return _sum_keepdims("sum_columns", M, 1)
+
+
+def sum_rows(M: Tensor) -> Tensor:
+    """Sum of the rows of the 2-d ``M``: a row of shape (1, columns)."""
+    return _sum_keepdims("sum_rows", M, 0)
+
+
+_install_operators()
+del _name, _fn, _axis, _formula

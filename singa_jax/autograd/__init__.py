@@ -19,9 +19,10 @@ def __getattr__(name: str):
     """SINGA re-exports its layer classes (Linear, Conv2d, ...) and the legacy ``Layer`` base
     from autograd; they live in :mod:`singa_jax.autograd.legacy`, imported on first use because
     the layer module itself imports autograd."""
-    if name.startswith("__"):
+    if name.startswith("__") or name == "legacy":
         raise AttributeError(name)
-    from . import legacy
+    import importlib
+    legacy = importlib.import_module(__name__ + ".legacy")
     try:
         return getattr(legacy, name)
     except AttributeError:

@@ -128,7 +128,9 @@ def infer_dependency(op: Operator) -> Tuple[Counter, Counter]:
     while queue:
         cur = queue.pop()
         for src_op, xid, _, _ in cur.src:
-            if src_op not in op_count:
+            # an op needing no grad never runs backward: its inputs get nothing through it, so
+            # counting them would leave their gradients waiting forever
+            if src_op not in op_count and src_op.requires_grad:
                 queue.append(src_op)
             op_count[src_op] += 1
             tensor_count[xid] += 1
@@ -164,7 +166,9 @@ def backward(y: Tensor, dy: Any = None) -> Iterator[Tuple[Tensor, Tensor]]:
     if isinstance(y.creator, Dummy) or not y.creator.requires_grad:
         return
     op_dep, tensor_dep = infer_dependency(y.creator)
-    ready = deque([(y.creator, [g])])
+    root_dys = [None] * len(y.creator.y_id2idx)  # y may be any output of a multi-output op
+    root_dys[y.creator.y_id2idx[id(y)]] = g
+    ready = deque([(y.creator, root_dys)])
     not_ready: Dict[Operator, list] = {}
     while ready:
         op, dys = ready.pop()

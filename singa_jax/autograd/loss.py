@@ -1,2 +1,190 @@
-"""(in progress)"""
-__all__ = []
+"""SINGA's loss operators: softmax cross-entropy, cross-entropy, binary cross-entropy, mean
+square error and ranking loss.
+
+As in SINGA, a loss returns a Tensor of shape (1,) and the target-taking losses receive the
+target in the constructor (``SoftMaxCrossEntropy(t)(x)``): the target is a constant that gets no
+gradient. Forward conventions (normalisation, SINGA's epsilons) are SINGA's; gradients are the
+exact derivatives of those forwards times the incoming dy (see docs/autograd_nn.md).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..tensor import Tensor
+from .function import Function
+
+__all__ = [
+    "SoftMaxCrossEntropy", "softmax_cross_entropy", "CrossEntropy", "cross_entropy",
+    "BinaryCrossEntropy", "binary_cross_entropy", "MeanSquareError", "mse_loss",
+    "RankingLoss", "ranking_loss",
+]
+
+
+def _as_loss(total, batch: int):
+    """SINGA's ``SumAll(...) / batch``: a (1,) tensor."""
+    return (total / batch).reshape(1)
+
+
+def _label_targets(t, batch: int) -> bool:
+    """SINGA reads ``t`` as one class index per row when it has exactly ``batch`` elements."""
+    return t.size == batch
+
+
+def _picked(values, t):
+    """values[i, t[i]] for integer class indices t (any float t is truncated)."""
+    idx = t.reshape(-1).astype(jnp.int32)
+    return jnp.take_along_axis(values, idx[:, None], axis=1)[:, 0]
+
+
+def _softmax_cross_entropy_kernel(x, t):
+    """loss = -(1/N) sum_i sum_j tn[i, j] log softmax(x)[i, j], with tn = t / rowsum(t) for
+    distribution targets, or -(1/N) sum_i log softmax(x)[i, t[i]] for index targets."""
+    batch = x.shape[0]
+    logp = jax.nn.log_softmax(x, axis=1)
+    t = lax.stop_gradient(t)
+    if _label_targets(t, batch):
+        return _as_loss(-jnp.sum(_picked(logp, t)), batch)
+    t = t.astype(x.dtype)
+    tn = t / jnp.sum(t, axis=1, keepdims=True)
+    return _as_loss(-jnp.sum(tn * logp), batch)
+
+
+def _cross_entropy_kernel(x, t):
+    """x holds probabilities: loss = -(1/N) sum t * log(x) (t one-hot / distribution of x's
+    shape, or one class index per row)."""
+    batch = x.shape[0]
+    t = lax.stop_gradient(t)
+    if t.shape != x.shape:
+        return _as_loss(-jnp.sum(jnp.log(_picked(x, t))), batch)
+    return _as_loss(-jnp.sum(t.astype(x.dtype) * jnp.log(x)), batch)
+
+
+def _binary_cross_entropy_kernel(x, t):
+    """loss = -(1/N) sum [t log(x + 1e-4) + (1 - t) log(1.0001 - x)] (SINGA's epsilons)."""
+    t = lax.stop_gradient(t).astype(x.dtype)
+    total = jnp.sum(t * jnp.log(x + 1e-4)) + jnp.sum((1.0 - t) * jnp.log(1.0001 - x))
+    return _as_loss(-total, x.shape[0])
+
+
+def _mse_kernel(x, t):
+    """loss = sum (x - t)^2 / x.size (SINGA averages over every element)."""
+    err = x - lax.stop_gradient(t).astype(x.dtype)
+    return _as_loss(jnp.sum(jnp.square(err)), x.size)
+
+
+def _ranking_kernel(pos, neg, *, M: float):
+    """loss = (1/N) sum max(0, M - pos + neg)."""
+    val = M - pos + neg
+    return _as_loss(jnp.sum(jnp.where(val > 0, val, 0.0)), pos.shape[0])
+
+
+# --- shape checks: (op name, x shape, t shape) -> error message or None ---------------------------
+def _check_class_scores(op: str, x, t):
+    if x.ndim != 2:
+        return f"x must be 2-D (batch, classes), got shape {tuple(x.shape)}"
+    if t.ndim > 2:
+        return f"t must be at most 2-D, got shape {tuple(t.shape)}"
+    if not (_label_targets(t, x.shape[0]) or tuple(t.shape) == tuple(x.shape)):
+        return (f"t of shape {tuple(t.shape)} is neither {x.shape[0]} class indices nor a "
+                f"target of x's shape {tuple(x.shape)} (batch sizes differ?)")
+    return None
+
+
+def _check_same_shape(op: str, x, t):
+    if tuple(x.shape) != tuple(t.shape):
+        return f"input of shape {tuple(x.shape)} and target of shape {tuple(t.shape)} differ"
+    if x.ndim == 0:
+        return "input must have a batch axis, got a 0-d array"
+    return None
+
+
+class _TargetLoss(Function):
+    """Base of SINGA's losses that take the target ``t`` in the constructor: ``Op(t)(x)``.
+
+    The kernel is ``fn(x, t)``; ``t`` (read through ``t.data``, so graph mode sees it) is passed
+    as a second array under ``stop_gradient`` and only x's gradient is returned.
+    """
+
+    check: Callable = None  # (op name, x, t) -> error message or None
+
+    def __init__(self, t: Any):
+        super().__init__()
+        self.t = t
+
+    def _target(self):
+        return self.t.data if isinstance(self.t, Tensor) else jnp.asarray(self.t)
+
+    def forward(self, x):
+        t = self._target()
+        msg = type(self).check(type(self).__name__, x, t)
+        if msg is not None:
+            raise ValueError(f"{type(self).__name__}: {msg}")
+        return super().forward(x, t)
+
+    def backward(self, dy=1.0):
+        return super().backward(dy)[0]
+
+
+def _make_loss(name: str, kernel: Callable, check: Callable) -> type:
+    return type(name, (_TargetLoss,), {
+        "fn": staticmethod(kernel), "check": staticmethod(check),
+        "__doc__": kernel.__doc__, "__module__": __name__})
+
+
+# name -> (kernel, shape check); each entry becomes an Operator class ``name(t)``.
+_LOSSES = {
+    "SoftMaxCrossEntropy": (_softmax_cross_entropy_kernel, _check_class_scores),
+    "CrossEntropy": (_cross_entropy_kernel, _check_class_scores),
+    "BinaryCrossEntropy": (_binary_cross_entropy_kernel, _check_same_shape),
+    "MeanSquareError": (_mse_kernel, _check_same_shape),
+}
+SoftMaxCrossEntropy, CrossEntropy, BinaryCrossEntropy, MeanSquareError = (
+    _make_loss(name, *entry) for name, entry in _LOSSES.items())
+
+
+def softmax_cross_entropy(x: Tensor, t: Tensor) -> Tensor:
+    """Mean over the batch of the cross-entropy of softmax(x) (x: (batch, classes) logits) and
+    ``t`` (class indices, or one-hot / distribution rows). Returns a (1,) Tensor."""
+    return SoftMaxCrossEntropy(t)(x)[0]
+
+
+def cross_entropy(x: Tensor, t: Tensor) -> Tensor:
+    """Mean over the batch of -sum t * log(x), x holding probabilities. Returns (1,)."""
+    return CrossEntropy(t)(x)[0]
+
+
+def binary_cross_entropy(x: Tensor, t: Tensor) -> Tensor:
+    """-(1/batch) sum [t log(x + 1e-4) + (1 - t) log(1.0001 - x)]. Returns (1,)."""
+    return BinaryCrossEntropy(t)(x)[0]
+
+
+def mse_loss(x: Tensor, t: Tensor) -> Tensor:
+    """sum (x - t)^2 divided by the number of elements. Returns (1,)."""
+    return MeanSquareError(t)(x)[0]
+
+
+class RankingLoss(Function):
+    """Margin ranking loss (1/N) sum max(0, M - pos + neg) over N = pos.shape[0] rows."""
+
+    fn = staticmethod(_ranking_kernel)
+
+    def __init__(self, M: float = 0.2):
+        super().__init__(M=float(M))
+        self.M = float(M)
+
+    def forward(self, pos, neg):
+        msg = _check_same_shape("RankingLoss", pos, neg)
+        if msg is not None:
+            raise ValueError(f"RankingLoss: {msg}")
+        return super().forward(pos, neg)
+
+    def backward(self, dy=1.0):
+        return super().backward(dy)
+
+
+def ranking_loss(pos: Tensor, neg: Tensor, M: float = 0.2) -> Tensor:
+    return RankingLoss(M)(pos, neg)[0]

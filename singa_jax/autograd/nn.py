@@ -1,2 +1,841 @@
-"""(in progress)"""
-__all__ = []
+"""SINGA's neural-network operators: convolution, pooling, batch normalisation, dropout,
+embedding, cosine similarity and the (cuDNN-style) RNN operator, with the handle classes that
+carry their static configuration.
+
+SINGA builds a C++ handle (``ConvHandle``/``CudnnConvHandle``, ``PoolingHandle``, ...) once per
+layer from a sample input and passes it to the functional op on every call. Here the handles are
+plain Python objects holding the same fields; the ``Cudnn*`` names are subclasses that accept the
+extra cuDNN arguments, so code written for either backend runs on every XLA device.
+
+Every op's forward is one pure ``jax.numpy``/``jax.lax`` function run as a cached ``jax.jit``
+kernel (via :class:`~singa_jax.autograd.function.Function`); backward is that function's ``vjp``,
+so gradients are the mathematical ones (see docs/autograd_nn.md for where SINGA's differ).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..device import get_default_device
+from ..tensor import Tensor
+from .engine import is_training
+from .function import Function
+
+__all__ = [
+    # handles
+    "ConvHandle", "CudnnConvHandle", "PoolingHandle", "CudnnPoolingHandle", "BatchNormHandle",
+    "CudnnBatchNormHandle", "RNNHandle", "CudnnRNNHandle",
+    # operators and their functional forms
+    "_Conv2d", "conv2d", "_BatchNorm2d", "batchnorm_2d", "_Pooling2d", "pooling_2d",
+    "GlobalAveragePool", "globalaveragepool", "Dropout", "dropout", "Embedding", "embedding",
+    "CosSim", "cossim", "_RNN",
+]
+
+Pair = Tuple[int, int]
+NO_ODD_PADDING = (0, 0, 0, 0)
+
+
+def _pair(v: Any, what: str) -> Pair:
+    """An (h, w) pair of ints from an int or a length-2 sequence."""
+    if isinstance(v, (int,)) or hasattr(v, "__index__"):
+        return (int(v), int(v))
+    v = tuple(int(e) for e in v)
+    if len(v) != 2:
+        raise ValueError(f"{what}: expected an int or a pair (h, w), got {v}")
+    return v
+
+
+def _shape_of(input: Any, what: str) -> Tuple[int, ...]:
+    """Shape of SINGA's handle sample input (a Tensor, a jax array/tracer or a NumPy array)."""
+    shape = getattr(input, "shape", None)
+    if shape is None:
+        raise TypeError(f"{what}: input must be a Tensor or an array, got {type(input).__name__}")
+    return tuple(int(s) for s in (shape() if callable(shape) else shape))
+
+
+def _odd_padding(odd_padding: Sequence[int], op: str) -> Tuple[int, int, int, int]:
+    pads = tuple(int(p) for p in odd_padding)
+    if len(pads) != 4 or min(pads) < 0:
+        raise ValueError(f"{op}: odd_padding must be four non-negative ints (top, bottom, left, "
+                         f"right), got {tuple(odd_padding)}")
+    return pads
+
+
+# ================================================================================================
+# Handles (static configuration)
+# ================================================================================================
+class ConvHandle:
+    """Configuration of a 2-D convolution (SINGA's C++ ``ConvHandle``).
+
+    Args (SINGA's order): input (sample NCHW input, only its shape is read), kernel_size,
+    stride, padding (symmetric (h, w) padding), in_channels, out_channels, bias, groups;
+    ``dilation`` is an extension (SINGA's layer rejects dilation != 1).
+    """
+
+    def __init__(self, input: Any, kernel_size: Sequence[int], stride: Sequence[int],
+                 padding: Sequence[int], in_channels: int, out_channels: int, bias: bool,
+                 groups: int = 1, dilation: Sequence[int] = (1, 1)):
+        shape = _shape_of(input, type(self).__name__)
+        if len(shape) != 4:
+            raise ValueError(f"{type(self).__name__}: input must be NCHW (4-D), got shape {shape}")
+        if shape[1] != int(in_channels):
+            raise ValueError(f"{type(self).__name__}: the number of input channels mismatched: "
+                             f"input shape {shape} vs in_channels={in_channels}")
+        self.kernel_h, self.kernel_w = _pair(kernel_size, "ConvHandle kernel_size")
+        self.stride_h, self.stride_w = _pair(stride, "ConvHandle stride")
+        self.pad_h, self.pad_w = _pair(padding, "ConvHandle padding")
+        self.dilation_h, self.dilation_w = _pair(dilation, "ConvHandle dilation")
+        self.channels = int(in_channels)
+        self.num_filters = int(out_channels)
+        self.group = int(groups)
+        self.bias_term = bool(bias)
+        if self.group < 1 or self.channels % self.group or self.num_filters % self.group:
+            raise ValueError(f"{type(self).__name__}: groups={groups} must divide in_channels="
+                             f"{in_channels} and out_channels={out_channels}")
+        if min(self.stride_h, self.stride_w) < 1:
+            raise ValueError(f"{type(self).__name__}: stride must be >= 1, got {stride}")
+        self.batchsize, _, self.height, self.width = shape
+        ekh = (self.kernel_h - 1) * self.dilation_h + 1
+        ekw = (self.kernel_w - 1) * self.dilation_w + 1
+        self.conv_height = (self.height + 2 * self.pad_h - ekh) // self.stride_h + 1
+        self.conv_width = (self.width + 2 * self.pad_w - ekw) // self.stride_w + 1
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(kernel=({self.kernel_h}, {self.kernel_w}), stride=("
+                f"{self.stride_h}, {self.stride_w}), pad=({self.pad_h}, {self.pad_w}), "
+                f"channels={self.channels}, num_filters={self.num_filters}, group={self.group}, "
+                f"bias={self.bias_term})")
+
+
+class CudnnConvHandle(ConvHandle):
+    """SINGA's GPU conv handle; the cuDNN tuning arguments are accepted and recorded (XLA picks
+    the convolution algorithm itself)."""
+
+    def __init__(self, input: Any, kernel_size: Sequence[int], stride: Sequence[int],
+                 padding: Sequence[int], in_channels: int, out_channels: int, bias: bool,
+                 groups: int = 1, workspace_byte_limit: int = 1024 * 1024 * 1024,
+                 prefer: str = "fastest", dilation: Sequence[int] = (1, 1)):
+        super().__init__(input, kernel_size, stride, padding, in_channels, out_channels, bias,
+                         groups, dilation)
+        self.workspace_byte_limit = int(workspace_byte_limit)
+        self.prefer = prefer
+
+
+class PoolingHandle:
+    """Configuration of 2-D max/average pooling (SINGA's C++ ``PoolingHandle``).
+
+    Args (SINGA's order): input (sample NCHW input), kernel_size, stride, padding, is_max.
+    Output size is ``floor((H + 2*pad - kernel) / stride) + 1`` as in SINGA.
+    """
+
+    def __init__(self, input: Any, kernel_size: Sequence[int], stride: Sequence[int],
+                 padding: Sequence[int], is_max: bool = True):
+        shape = _shape_of(input, type(self).__name__)
+        if len(shape) != 4:
+            raise ValueError(f"{type(self).__name__}: input must be NCHW (4-D), got shape {shape}")
+        self.kernel_h, self.kernel_w = _pair(kernel_size, "PoolingHandle kernel_size")
+        self.stride_h, self.stride_w = _pair(stride, "PoolingHandle stride")
+        self.pad_h, self.pad_w = _pair(padding, "PoolingHandle padding")
+        if min(self.stride_h, self.stride_w) < 1:
+            raise ValueError(f"{type(self).__name__}: stride must be >= 1, got {stride}")
+        if self.pad_h >= self.kernel_h or self.pad_w >= self.kernel_w:
+            raise ValueError(f"{type(self).__name__}: padding {padding} must be smaller than the "
+                             f"kernel {kernel_size}")
+        self.is_max_pooling = bool(is_max)
+        self.batchsize, self.channels, self.height, self.width = shape
+        self.pooled_height = (self.height + 2 * self.pad_h - self.kernel_h) // self.stride_h + 1
+        self.pooled_width = (self.width + 2 * self.pad_w - self.kernel_w) // self.stride_w + 1
+
+    def __repr__(self) -> str:
+        kind = "max" if self.is_max_pooling else "avg"
+        return (f"{type(self).__name__}({kind}, kernel=({self.kernel_h}, {self.kernel_w}), "
+                f"stride=({self.stride_h}, {self.stride_w}), pad=({self.pad_h}, {self.pad_w}))")
+
+
+class CudnnPoolingHandle(PoolingHandle):
+    """SINGA's GPU pooling handle (same configuration as :class:`PoolingHandle`)."""
+
+
+class BatchNormHandle:
+    """Configuration of batch normalisation (SINGA's C++ ``BatchNormHandle``).
+
+    Args (SINGA's order): momentum, input (sample (N, C, H, W) or (N, C) input).
+    ``factor`` is SINGA's name for the momentum: running = (1 - factor) * running + factor * batch.
+    """
+
+    epsilon = 1e-5  # SINGA's (DNNL and cuDNN) epsilon
+
+    def __init__(self, momentum: float, input: Any):
+        shape = _shape_of(input, type(self).__name__)
+        if len(shape) not in (2, 4):
+            raise ValueError(f"{type(self).__name__}: input must be 4-D (N, C, H, W) or 2-D "
+                             f"(N, C), got shape {shape}")
+        if not 0.0 <= float(momentum) <= 1.0:
+            raise ValueError(f"{type(self).__name__}: momentum must be in [0, 1], got {momentum}")
+        self.factor = float(momentum)
+        self.batchsize, self.channels = shape[0], shape[1]
+        self.is_2d = len(shape) == 2
+        self.height, self.width = (1, 1) if self.is_2d else shape[2:]
+
+    @property
+    def momentum(self) -> float:
+        return self.factor
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(momentum={self.factor}, channels={self.channels})"
+
+
+class CudnnBatchNormHandle(BatchNormHandle):
+    """SINGA's GPU batch-norm handle (same configuration as :class:`BatchNormHandle`)."""
+
+
+# cuDNN's RNN modes and the number of gates (linear layers per input/recurrent side) of each.
+RNN_MODES = {0: "relu", 1: "tanh", 2: "lstm", 3: "gru"}
+_RNN_GATES = {0: 1, 1: 1, 2: 4, 3: 3}
+
+
+@lru_cache(maxsize=None)
+def _rnn_layout(mode: int, feature_size: int, hidden_size: int, num_layers: int,
+                bidirectional: int, bias: int):
+    """Offsets of every matrix and bias in cuDNN's packed weight vector.
+
+    Layout (cuDNN's canonical one): pseudo-layers ``layer * directions + direction`` one after
+    another; within each, the matrices of linear layers ``0 .. 2G-1`` (``0..G-1`` act on the input,
+    ``G..2G-1`` on the hidden state; each (hidden, in) row-major), then their biases (hidden,).
+    Returns ``({(lin_layer_id, pseudo_layer, is_bias): (offset, size)}, total_size)``.
+    """
+    gates, dirs, h = _RNN_GATES[mode], 2 if bidirectional else 1, hidden_size
+    mapping, offset = {}, 0
+    for layer in range(num_layers):
+        in_size = feature_size if layer == 0 else h * dirs
+        for d in range(dirs):
+            pseudo = layer * dirs + d
+            for lin in range(2 * gates):
+                size = h * (in_size if lin < gates else h)
+                mapping[(lin, pseudo, False)] = (offset, size)
+                offset += size
+            if bias:
+                for lin in range(2 * gates):
+                    mapping[(lin, pseudo, True)] = (offset, h)
+                    offset += h
+    return mapping, offset
+
+
+class RNNHandle:
+    """Configuration of a (multi-layer, optionally bidirectional) RNN: SINGA's ``CudnnRNNHandle``.
+
+    Args (SINGA's order): x (sample input (seq, batch, feature)), hidden_size, mode (0: RNN
+    relu, 1: RNN tanh, 2: LSTM, 3: GRU), num_layers, bias, dropout (between layers, training
+    only), bidirectional. ``weights_size`` is the length of the packed weight vector ``W`` and
+    ``weights_mapping`` maps ``(lin_layer_id, pseudo_layer, is_bias)`` to ``(offset, size)``
+    in it (cuDNN's layout; see :func:`_rnn_layout`).
+    """
+
+    def __init__(self, x: Any, hidden_size: int, mode: int = 0, num_layers: int = 1,
+                 bias: int = 1, dropout: float = 0.0, bidirectional: int = 0):
+        shape = _shape_of(x, type(self).__name__)
+        name = type(self).__name__
+        if len(shape) != 3:
+            raise ValueError(f"{name}: x must be (seq, batch, feature), got shape {shape}")
+        if int(mode) not in RNN_MODES:
+            raise ValueError(f"{name}: mode must be one of {RNN_MODES}, got {mode}")
+        if int(num_layers) < 1 or int(hidden_size) < 1:
+            raise ValueError(f"{name}: num_layers and hidden_size must be >= 1, got {num_layers}, "
+                             f"{hidden_size}")
+        if int(bidirectional) not in (0, 1):
+            raise ValueError(f"{name}: bidirectional should be 0 or 1, got {bidirectional}")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"{name}: dropout must be in [0, 1), got {dropout}")
+        self.seq_length, self.batch_size, self.feature_size = shape
+        self.hidden_size = int(hidden_size)
+        self.mode = int(mode)
+        self.num_layers = int(num_layers)
+        self.bias = int(bool(bias))
+        self.dropout = float(dropout)
+        self.bidirectional = int(bidirectional)
+        self.batch_first = 0
+        self.weights_mapping, self.weights_size = _rnn_layout(
+            self.mode, self.feature_size, self.hidden_size, self.num_layers, self.bidirectional,
+            self.bias)
+        # cuDNN scratch sizes: XLA manages its own scratch memory.
+        self.workspace_size = self.reserve_size = 0
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    def state_shape(self, batch_size: int) -> Tuple[int, int, int]:
+        """Shape of hx/cx/hy/cy: (num_layers * directions, batch, hidden)."""
+        return (self.num_layers * self.directions, int(batch_size), self.hidden_size)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({RNN_MODES[self.mode]}, feature={self.feature_size}, "
+                f"hidden={self.hidden_size}, layers={self.num_layers}, "
+                f"bidirectional={self.bidirectional}, weights_size={self.weights_size})")
+
+
+CudnnRNNHandle = RNNHandle
+
+
+# ================================================================================================
+# Pure kernels
+# ================================================================================================
+def _conv2d_kernel(x, W, b=None, *, stride: Pair, padding: Pair, dilation: Pair, group: int,
+                   odd_padding: Tuple[int, int, int, int]):
+    """y[n, o] = sum_{c in group(o), i, j} W[o, c, i, j] * xpad[n, c, s*h + d*i, s*w + d*j] + b[o].
+
+    SINGA zero-pads the input by ``odd_padding`` (top, bottom, left, right) and then by the
+    symmetric ``padding``; both fold into one asymmetric padding of the convolution.
+    """
+    top, bottom, left, right = odd_padding
+    pads = ((padding[0] + top, padding[0] + bottom), (padding[1] + left, padding[1] + right))
+    y = lax.conv_general_dilated(x, W, window_strides=stride, padding=pads,
+                                 rhs_dilation=dilation,
+                                 dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                 feature_group_count=group)
+    if b is not None:
+        y = y + b.reshape(1, -1, 1, 1).astype(y.dtype)
+    return y
+
+
+def _replicate_odd_pad(x, odd_padding):
+    """SINGA's pooling odd padding (``handle_odd_pad_fwd(is_pool=True)``): along H, then W,
+    prepend a copy of the first ``pad`` rows (columns) and append a copy of the last ``pad``, so
+    the extra border holds real values rather than zeros that would bias max/average pooling."""
+    top, bottom, left, right = odd_padding
+    for axis, before, after in ((2, top, bottom), (3, left, right)):
+        n = x.shape[axis]
+        parts = []
+        if before:
+            parts.append(lax.slice_in_dim(x, 0, before, axis=axis))
+        parts.append(x)
+        if after:
+            parts.append(lax.slice_in_dim(x, n - after, n, axis=axis))
+        if len(parts) > 1:
+            x = jnp.concatenate(parts, axis=axis)
+    return x
+
+
+def _pooling2d_kernel(x, *, kernel: Pair, stride: Pair, padding: Pair, is_max: bool,
+                      odd_padding: Tuple[int, int, int, int]):
+    """Max pooling (padding never wins) or average pooling whose divisor counts only the input
+    elements under the window (padding excluded, as SINGA's DNNL and cuDNN kernels)."""
+    x = _replicate_odd_pad(x, odd_padding)
+    window, strides = (1, 1) + tuple(kernel), (1, 1) + tuple(stride)
+    pads = ((0, 0), (0, 0), (padding[0], padding[0]), (padding[1], padding[1]))
+    if is_max:
+        return lax.reduce_window(x, -jnp.inf, lax.max, window, strides, pads)
+    total = lax.reduce_window(x, 0.0, lax.add, window, strides, pads)
+    ones = jnp.ones((1, 1) + x.shape[2:], x.dtype)
+    count = lax.reduce_window(ones, 0.0, lax.add, window, strides, pads)
+    return total / count
+
+
+def _bn_axes(x):
+    """Axes reduced by batch norm (all but the channel axis 1) and the broadcast shape of (C,)."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    return axes, (1, -1) + (1,) * (x.ndim - 2)
+
+
+def _batchnorm_kernel(x, scale, bias, running_mean, running_var, *, training: bool,
+                      momentum: float, epsilon: float):
+    """y = (x - mean) / sqrt(var + eps) * scale + bias, per channel.
+
+    Training: batch mean and biased batch variance normalise, and SINGA's running update is
+    returned too: running = (1 - momentum) * running + momentum * batch, with the UNBIASED batch
+    variance (n / (n - 1)) going into running_var. Eval: the running statistics normalise.
+    """
+    axes, cshape = _bn_axes(x)
+    if training:
+        mean = jnp.mean(x, axis=axes)
+        var = jnp.mean(jnp.square(x - mean.reshape(cshape)), axis=axes)
+    else:
+        mean, var = running_mean, running_var
+    inv = lax.rsqrt(var + epsilon)
+    y = (x - mean.reshape(cshape)) * (inv * scale).reshape(cshape) + bias.reshape(cshape)
+    if not training:
+        return y
+    n = x.size // x.shape[1]
+    mean, var = lax.stop_gradient(mean), lax.stop_gradient(var)
+    new_mean = (1.0 - momentum) * running_mean + momentum * mean
+    new_var = (1.0 - momentum) * running_var + momentum * var * (n / max(n - 1, 1))
+    return y, new_mean.astype(running_mean.dtype), new_var.astype(running_var.dtype)
+
+
+def _globalaveragepool_kernel(x, *, data_format: str):
+    """Mean over the spatial axes, kept as size-1 axes: (N, C, 1, 1) or (N, 1, 1, C)."""
+    axes = tuple(range(2, x.ndim)) if data_format == "channels_first" else \
+        tuple(range(1, x.ndim - 1))
+    return jnp.mean(x, axis=axes, keepdims=True)
+
+
+def _dropout_kernel(x, key, *, ratio: float):
+    """y = x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio) drawn from ``key``."""
+    keep = jax.random.bernoulli(key, 1.0 - ratio, x.shape)
+    return jnp.where(keep, x / (1.0 - ratio), jnp.zeros((), x.dtype)).astype(x.dtype)
+
+
+def _embedding_kernel(x, w):
+    """y[..., :] = w[x[...], :] (float indices are truncated to int, as SINGA's int(idx))."""
+    idx = x if jnp.issubdtype(x.dtype, jnp.integer) else x.astype(jnp.int32)
+    return jnp.take(w, idx, axis=0)
+
+
+def _row_dot(a, b):
+    return jnp.sum(a * b, axis=1)
+
+
+def _cossim_kernel(a, b):
+    """cos(a_i, b_i) = <a_i, b_i> / (|a_i| |b_i|) for every row i."""
+    return _row_dot(a, b) / (jnp.sqrt(_row_dot(a, a)) * jnp.sqrt(_row_dot(b, b)))
+
+
+# ---- RNN -------------------------------------------------------------------------------------
+def _rnn_cell(mode: int, x_proj, h, c, R, bR):
+    """One step of cuDNN's cell given the input projection ``x_proj = x W^T + b_W``.
+
+    relu/tanh: h' = act(x_proj + h R^T + b_R)
+    LSTM (gates i, f, g, o): c' = f*c + i*g, h' = o*tanh(c')
+    GRU (gates r, z, n):     n = tanh(x_n + r*(h R_n^T + b_Rn)), h' = (1-z)*n + z*h
+    """
+    h_proj = h @ R.T + bR
+    if mode in (0, 1):
+        act = jax.nn.relu if mode == 0 else jnp.tanh
+        return act(x_proj + h_proj), c
+    if mode == 2:
+        i, f, g, o = jnp.split(x_proj + h_proj, 4, axis=-1)
+        c_new = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        return jax.nn.sigmoid(o) * jnp.tanh(c_new), c_new
+    xr, xz, xn = jnp.split(x_proj, 3, axis=-1)
+    hr, hz, hn = jnp.split(h_proj, 3, axis=-1)
+    r, z = jax.nn.sigmoid(xr + hr), jax.nn.sigmoid(xz + hz)
+    n = jnp.tanh(xn + r * hn)
+    return (1.0 - z) * n + z * h, c
+
+
+def _rnn_params(w, layout, pseudo: int, gates: int, hidden: int, in_size: int, bias: int):
+    """(W (G*H, in), R (G*H, H), b_W (G*H,), b_R (G*H,)) of one pseudo-layer from the flat w."""
+    def mat(lin, cols):
+        off, size = layout[(lin, pseudo, False)]
+        return lax.dynamic_slice_in_dim(w, off, size).reshape(hidden, cols)
+
+    def vec(lin):
+        if not bias:
+            return jnp.zeros((hidden,), w.dtype)
+        off, size = layout[(lin, pseudo, True)]
+        return lax.dynamic_slice_in_dim(w, off, size)
+
+    W = jnp.concatenate([mat(g, in_size) for g in range(gates)], axis=0)
+    R = jnp.concatenate([mat(gates + g, hidden) for g in range(gates)], axis=0)
+    bW = jnp.concatenate([vec(g) for g in range(gates)])
+    bR = jnp.concatenate([vec(gates + g) for g in range(gates)])
+    return W, R, bW, bR
+
+
+def _rnn_direction(mode, x, valid, h0, c0, W, R, bW, bR):
+    """Scan one direction over time; steps where ``valid`` is False keep the state and emit 0."""
+    x_proj = jnp.einsum("tbi,gi->tbg", x, W) + bW  # all input projections at once
+
+    def step(carry, inputs):
+        h, c = carry
+        xp, ok = inputs
+        h_new, c_new = _rnn_cell(mode, xp, h, c, R, bR)
+        ok = ok[:, None]
+        return (jnp.where(ok, h_new, h), jnp.where(ok, c_new, c)), jnp.where(ok, h_new, 0.0)
+
+    (h, c), ys = lax.scan(step, (h0, c0), (x_proj, valid))
+    return ys, h, c
+
+
+def _rnn_kernel(x, hx, cx, w, seq_lengths=None, key=None, *, mode: int, hidden_size: int,
+                num_layers: int, bidirectional: int, bias: int, dropout: float):
+    """cuDNN's RNN on (seq, batch, feature) input: returns y (seq, batch, hidden*dirs), hy, cy.
+
+    With ``seq_lengths`` (batch,), sequence b is read at t < seq_lengths[b] only: y is 0 after
+    its end, hy/cy hold its state at its last step, and the reverse direction starts at its end.
+    ``key`` (given in training with dropout > 0) drops inputs of layers 1.. as cuDNN does.
+    """
+    T, B, F = x.shape
+    dirs, gates = 2 if bidirectional else 1, _RNN_GATES[mode]
+    layout, _ = _rnn_layout(mode, F, hidden_size, num_layers, bidirectional, bias)
+    t = jnp.arange(T)[:, None]
+    if seq_lengths is None:
+        lengths = jnp.full((B,), T, jnp.int32)
+    else:
+        lengths = seq_lengths.astype(jnp.int32).reshape(B)
+    valid = jnp.broadcast_to(t < lengths[None, :], (T, B))
+    # time index of the reversed sequence: within its length each sequence runs backwards
+    reverse_idx = jnp.where(valid, lengths[None, :] - 1 - t, t)
+
+    def time_gather(a):
+        return jnp.take_along_axis(a, reverse_idx[:, :, None], axis=0)
+
+    layer_in, hys, cys = x, [], []
+    for layer in range(num_layers):
+        if layer and key is not None and dropout > 0.0:
+            layer_in = _dropout_kernel(layer_in, jax.random.fold_in(key, layer), ratio=dropout)
+        in_size = layer_in.shape[-1]
+        outs = []
+        for d in range(dirs):
+            pseudo = layer * dirs + d
+            params = _rnn_params(w, layout, pseudo, gates, hidden_size, in_size, bias)
+            seq = time_gather(layer_in) if d else layer_in
+            ys, h, c = _rnn_direction(mode, seq, valid, hx[pseudo], cx[pseudo], *params)
+            outs.append(time_gather(ys) if d else ys)
+            hys.append(h)
+            cys.append(c)
+        layer_in = outs[0] if dirs == 1 else jnp.concatenate(outs, axis=-1)
+    return layer_in, jnp.stack(hys), jnp.stack(cys)
+
+
+def _rnn_op_kernel(x, hx, cx, w, *extras, has_lengths: bool, has_key: bool,
+                   return_sequences: bool, **config):
+    """_RNN's kernel: extras are (seq_lengths if has_lengths, key if has_key)."""
+    extras = list(extras)
+    lengths = extras.pop(0) if has_lengths else None
+    key = extras.pop(0) if has_key else None
+    y = _rnn_kernel(x, hx, cx, w.reshape(-1), lengths, key, **config)[0]
+    return y if return_sequences else y[-1]
+
+
+# ================================================================================================
+# Operators
+# ================================================================================================
+class _KernelWithExtras(Function):
+    """A Function whose kernel also takes arrays that are not inputs of the op (a PRNG key,
+    running statistics, sequence lengths): ``extras()`` supplies them, and their gradients are
+    dropped so backward returns one gradient per Tensor input. Records the input's device so a
+    key can be drawn from ``device.next_key()`` (forward itself only sees arrays)."""
+
+    def _do_forward(self, *xs: Tensor):
+        self.device = xs[0].device if xs else None
+        return super()._do_forward(*xs)
+
+    def extras(self, xs) -> tuple:
+        return ()
+
+    def _device_key(self) -> jax.Array:
+        """A fresh key from the input's device (the default device when forward was called on
+        bare arrays)."""
+        dev = getattr(self, "device", None) or get_default_device()
+        return dev.next_key()
+
+    def forward(self, *xs):
+        self._n_inputs = len(xs)
+        return super().forward(*xs, *self.extras(xs))
+
+    def backward(self, *dys):
+        return tuple(super().backward(*dys))[:self._n_inputs]
+
+
+def _check(cond: bool, op: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{op}: {msg}")
+
+
+class _WindowOp(Function):
+    """Base of the handle-configured window ops (convolution, pooling): SINGA's constructor
+    ``Op(handle, odd_padding)``; ``config(handle)`` gives the kernel's static arguments."""
+
+    handle_type: type = object
+
+    def __init__(self, handle: Any, odd_padding: Sequence[int] = NO_ODD_PADDING):
+        op = type(self).__name__
+        if not isinstance(handle, self.handle_type):
+            raise TypeError(f"{op}: handle must be a {self.handle_type.__name__}, got "
+                            f"{type(handle).__name__}")
+        super().__init__(odd_padding=_odd_padding(odd_padding, op), **self.config(handle))
+        self.handle = handle
+        self.odd_padding = self.static["odd_padding"]
+
+    @staticmethod
+    def config(handle: Any) -> Dict[str, Any]:
+        raise NotImplementedError
+
+
+class _Conv2d(_WindowOp):
+    """2-D convolution (NCHW input, OIHW weight) configured by a ConvHandle."""
+
+    fn = staticmethod(_conv2d_kernel)
+    handle_type = ConvHandle
+
+    @staticmethod
+    def config(handle: ConvHandle) -> Dict[str, Any]:
+        return dict(stride=(handle.stride_h, handle.stride_w),
+                    padding=(handle.pad_h, handle.pad_w),
+                    dilation=(handle.dilation_h, handle.dilation_w), group=handle.group)
+
+    def forward(self, x, W, b=None):
+        h, op = self.handle, "_Conv2d"
+        _check(x.ndim == 4, op, f"input x must be 4-D NCHW, got shape {tuple(x.shape)}")
+        _check(W.ndim == 4, op, f"weight W must be 4-D (out, in/group, kh, kw), got shape "
+                                f"{tuple(W.shape)}")
+        _check(x.shape[1] == W.shape[1] * h.group, op,
+               f"input x of shape {tuple(x.shape)} has {x.shape[1]} channels but W of shape "
+               f"{tuple(W.shape)} with group={h.group} expects {W.shape[1] * h.group}")
+        _check(W.shape[0] % h.group == 0, op, f"W of shape {tuple(W.shape)}: {W.shape[0]} "
+                                              f"filters are not divisible by group={h.group}")
+        _check(tuple(W.shape[2:]) == (h.kernel_h, h.kernel_w), op,
+               f"W of shape {tuple(W.shape)} does not match the handle's kernel "
+               f"{(h.kernel_h, h.kernel_w)}")
+        if b is None:
+            return super().forward(x, W)
+        _check(tuple(b.shape) == (W.shape[0],), op,
+               f"bias b of shape {tuple(b.shape)} does not match W's {W.shape[0]} filters")
+        return super().forward(x, W, b)
+
+
+def conv2d(handle: ConvHandle, x: Tensor, W: Tensor, b: Optional[Tensor] = None,
+           odd_padding: Sequence[int] = NO_ODD_PADDING) -> Tensor:
+    """2-D convolution of NCHW ``x`` with OIHW ``W`` (+ ``b``) as configured by ``handle``;
+    ``odd_padding`` (top, bottom, left, right) is extra zero padding for SAME_UPPER/LOWER."""
+    op = _Conv2d(handle, odd_padding)
+    return (op(x, W) if b is None else op(x, W, b))[0]
+
+
+class _Pooling2d(_WindowOp):
+    """2-D max or average pooling configured by a PoolingHandle."""
+
+    fn = staticmethod(_pooling2d_kernel)
+    handle_type = PoolingHandle
+
+    @staticmethod
+    def config(handle: PoolingHandle) -> Dict[str, Any]:
+        return dict(kernel=(handle.kernel_h, handle.kernel_w),
+                    stride=(handle.stride_h, handle.stride_w),
+                    padding=(handle.pad_h, handle.pad_w), is_max=handle.is_max_pooling)
+
+    def forward(self, x):
+        _check(x.ndim == 4, "_Pooling2d", f"input x must be 4-D NCHW, got shape {tuple(x.shape)}")
+        top, bottom, left, right = self.odd_padding
+        _check(top <= x.shape[2] and bottom <= x.shape[2] and left <= x.shape[3]
+               and right <= x.shape[3], "_Pooling2d",
+               f"odd_padding {self.odd_padding} exceeds the input's spatial size "
+               f"{tuple(x.shape[2:])}")
+        return super().forward(x)
+
+
+def pooling_2d(handle: PoolingHandle, x: Tensor,
+               odd_padding: Sequence[int] = NO_ODD_PADDING) -> Tensor:
+    """Max/average pooling of NCHW ``x`` as configured by ``handle`` (see :class:`_Pooling2d`)."""
+    return _Pooling2d(handle, odd_padding)(x)[0]
+
+
+class _BatchNorm2d(_KernelWithExtras):
+    """Batch normalisation over (N, C, H, W) or (N, C) input.
+
+    In training mode (``autograd.training``) it normalises with the batch statistics and
+    rebinds ``running_mean.data``/``running_var.data`` with SINGA's momentum update; otherwise it
+    normalises with the running statistics and leaves them alone.
+    """
+
+    fn = staticmethod(_batchnorm_kernel)
+
+    def __init__(self, handle: BatchNormHandle, running_mean: Tensor, running_var: Tensor,
+                 name: Optional[str] = None):
+        if not isinstance(handle, BatchNormHandle):
+            raise TypeError(f"_BatchNorm2d: handle must be a BatchNormHandle, got "
+                            f"{type(handle).__name__}")
+        for what, t in (("running_mean", running_mean), ("running_var", running_var)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"_BatchNorm2d: {what} must be a Tensor (it is updated in place), "
+                                f"got {type(t).__name__}")
+        super().__init__(name, momentum=handle.factor, epsilon=handle.epsilon, training=False)
+        self.handle = handle
+        self.running_mean = running_mean
+        self.running_var = running_var
+
+    def extras(self, xs) -> tuple:
+        return (self.running_mean.data, self.running_var.data)
+
+    def forward(self, x, scale, bias):
+        op, c = "_BatchNorm2d", x.shape[1] if x.ndim > 1 else None
+        _check(x.ndim in (2, 4), op, f"input x must be (N, C, H, W) or (N, C), got shape "
+                                     f"{tuple(x.shape)}")
+        for what, shape in (("scale", scale.shape), ("bias", bias.shape),
+                            ("running_mean", self.running_mean.shape),
+                            ("running_var", self.running_var.shape)):
+            _check(tuple(shape) == (c,), op, f"{what} of shape {tuple(shape)} does not match "
+                                             f"the {c} channels of x of shape {tuple(x.shape)}")
+        training = is_training()
+        self.static["training"] = training
+        out = super().forward(x, scale, bias)
+        if not training:
+            return out
+        y, self.running_mean.data, self.running_var.data = out
+        return y
+
+    def backward(self, dy):
+        return super().backward(dy, None, None)
+
+
+def batchnorm_2d(handle: BatchNormHandle, x: Tensor, scale: Tensor, bias: Tensor,
+                 running_mean: Tensor, running_var: Tensor) -> Tensor:
+    """Batch normalisation (see :class:`_BatchNorm2d`); updates the running statistics in
+    training mode."""
+    return _BatchNorm2d(handle, running_mean, running_var)(x, scale, bias)[0]
+
+
+class GlobalAveragePool(Function):
+    """Mean over the spatial axes: (N, C, H, W) -> (N, C, 1, 1) for ``channels_first``,
+    (N, H, W, C) -> (N, 1, 1, C) for ``channels_last``."""
+
+    fn = staticmethod(_globalaveragepool_kernel)
+
+    def __init__(self, data_format: str = "channels_first"):
+        if data_format not in ("channels_first", "channels_last"):
+            raise ValueError(f"GlobalAveragePool: data_format must be 'channels_first' or "
+                             f"'channels_last', got {data_format!r}")
+        super().__init__(data_format=data_format)
+        self.data_format = data_format
+
+    def forward(self, x):
+        _check(x.ndim >= 3, "GlobalAveragePool", f"input must have spatial axes, got shape "
+                                                 f"{tuple(x.shape)}")
+        return super().forward(x)
+
+
+def globalaveragepool(x: Tensor, data_format: str = "channels_first") -> Tensor:
+    return GlobalAveragePool(data_format)(x)[0]
+
+
+class Dropout(_KernelWithExtras):
+    """Inverted dropout: in training, y = x * mask / (1 - ratio) with mask ~ Bernoulli(1 - ratio)
+    drawn from the input device's PRNG key (so ``device.SetRandSeed`` makes it reproducible and
+    graph mode threads it); identity when not training. Backward uses the same mask.
+
+    ``seed`` is accepted for SINGA's signature; SINGA reseeds the whole device with it on the
+    first forward, here randomness comes only from the device key.
+    """
+
+    fn = staticmethod(_dropout_kernel)
+
+    def __init__(self, seed: int = 0, ratio: float = 0.5):
+        if not 0.0 <= float(ratio) < 1.0:
+            raise ValueError(f"Dropout: ratio must be in [0, 1), got {ratio}")
+        super().__init__(ratio=float(ratio))
+        self.seed = int(seed)
+        self.ratio = float(ratio)
+        self._identity = False
+
+    def extras(self, xs) -> tuple:
+        return (self._device_key(),)
+
+    def forward(self, x):
+        self._identity = not is_training() or self.ratio == 0.0
+        if self._identity:
+            return x
+        return super().forward(x)
+
+    def backward(self, dy):
+        return dy if self._identity else super().backward(dy)
+
+
+def dropout(x: Tensor, seed: int = 0, ratio: float = 0.5) -> Tensor:
+    return Dropout(seed, ratio)(x)[0]
+
+
+class Embedding(Function):
+    """Row lookup: y[..., :] = w[x[...], :] for integer (or float, truncated) indices ``x``;
+    the gradient scatter-adds dy into the looked-up rows of ``w`` (indices get none)."""
+
+    fn = staticmethod(_embedding_kernel)
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x, w):
+        _check(w.ndim == 2, "Embedding", f"weight w must be 2-D (vocab, dim), got shape "
+                                         f"{tuple(w.shape)} (indices x of shape {tuple(x.shape)})")
+        _check(jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.floating),
+               "Embedding", f"indices x must be an int or float array, got {x.dtype}")
+        return super().forward(x, w)
+
+
+def embedding(x: Tensor, w: Tensor) -> Tensor:
+    return Embedding()(x, w)[0]
+
+
+class CosSim(Function):
+    """Row-wise cosine similarity of two (batch, d) tensors; output (batch,)."""
+
+    fn = staticmethod(_cossim_kernel)
+
+    def __init__(self):
+        super().__init__()
+
+    @classmethod
+    def dot(cls, a, b):
+        """Row-wise dot product of two (batch, d) arrays: (batch,)."""
+        return _row_dot(jnp.asarray(a), jnp.asarray(b))
+
+    def forward(self, a, b):
+        _check(a.shape == b.shape and a.ndim == 2, "CosSim",
+               f"inputs must be 2-D of the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+        return super().forward(a, b)
+
+
+def cossim(a: Tensor, b: Tensor) -> Tensor:
+    return CosSim()(a, b)[0]
+
+
+class _RNN(_KernelWithExtras):
+    """SINGA's cuDNN RNN operator, as a portable ``lax.scan`` kernel.
+
+    Inputs: x (seq, batch, feature), hx and cx (layers*dirs, batch, hidden; cx is ignored unless
+    LSTM), w (the packed weights, ``handle.weights_size`` values). Output: y (seq, batch,
+    hidden*dirs) when ``return_sequences`` else its last time step (batch, hidden*dirs). With
+    ``use_mask``, ``seq_lengths`` (a Tensor of batch lengths) marks the valid steps.
+    """
+
+    fn = staticmethod(_rnn_op_kernel)
+
+    def __init__(self, handle: RNNHandle, return_sequences: bool = False, use_mask: bool = False,
+                 seq_lengths: Optional[Tensor] = None):
+        if not isinstance(handle, RNNHandle):
+            raise TypeError(f"_RNN: handle must be an RNNHandle, got {type(handle).__name__}")
+        if use_mask and not isinstance(seq_lengths, Tensor):
+            raise TypeError(f"_RNN: use_mask=True needs seq_lengths as a Tensor, got "
+                            f"{type(seq_lengths).__name__}")
+        super().__init__(mode=handle.mode, hidden_size=handle.hidden_size,
+                         num_layers=handle.num_layers, bidirectional=handle.bidirectional,
+                         bias=handle.bias, dropout=handle.dropout,
+                         return_sequences=bool(return_sequences), has_lengths=bool(use_mask),
+                         has_key=False)
+        self.handle = handle
+        self.return_sequences = bool(return_sequences)
+        self.use_mask = bool(use_mask)
+        self.seq_lengths = seq_lengths
+
+    def extras(self, xs) -> tuple:
+        extra = (self.seq_lengths.data,) if self.use_mask else ()
+        if self.static["has_key"]:
+            extra += (self._device_key(),)
+        return extra
+
+    def forward(self, x, hx, cx, w):
+        h, op = self.handle, "_RNN"
+        _check(x.ndim == 3 and x.shape[2] == h.feature_size, op,
+               f"x must be (seq, batch, {h.feature_size}), got shape {tuple(x.shape)}")
+        state = h.state_shape(x.shape[1])
+        for what, a in (("hx", hx), ("cx", cx)):
+            _check(tuple(a.shape) == state, op, f"{what} of shape {tuple(a.shape)} does not match "
+                                                f"{state} for x of shape {tuple(x.shape)}")
+        _check(w.size == h.weights_size, op, f"w of shape {tuple(w.shape)} must hold "
+                                             f"{h.weights_size} weights")
+        if self.use_mask:
+            _check(tuple(self.seq_lengths.shape) in ((x.shape[1],), (x.shape[1], 1)), op,
+                   f"seq_lengths of shape {tuple(self.seq_lengths.shape)} does not match batch "
+                   f"{x.shape[1]}")
+        h.seq_length, h.batch_size = x.shape[0], x.shape[1]
+        self.static["has_key"] = (is_training() and h.dropout > 0.0 and h.num_layers > 1)
+        return super().forward(x, hx, cx, w)
+
+    def backward(self, grad):
+        """Gradients of (x, hx, cx, w) for dL/dy (all time steps, or the last one)."""
+        return super().backward(grad)
+

@@ -1,2 +1,88 @@
-"""(in progress)"""
-__all__ = []
+"""Reductions: over several tensors elementwise (SINGA's Sum, Mean, Max, Min, add_all; NumPy
+broadcasting) and over axes of one tensor (ReduceSum, ReduceMean).
+
+Max and Min keep SINGA's tie rule: on equal values the earlier input wins and gets the whole
+gradient. This module defines ``sum``, ``max`` and ``min`` (SINGA's names), which shadow the
+builtins inside it.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Sequence
+
+import jax.numpy as jnp
+
+from ..tensor import Tensor
+from .elementwise import StaticOp, declare_ops
+
+__all__ = ["Sum", "sum", "Mean", "mean", "Max", "max", "Min", "min", "add_all",
+           "ReduceSum", "reduce_sum", "ReduceMean", "reduce_mean"]
+
+
+def _fold(pairwise):
+    """An n-ary function folding ``pairwise`` over its arguments left to right."""
+    def fn(*xs):
+        if not xs:
+            raise ValueError("needs at least one input")
+        return functools.reduce(pairwise, xs)
+    return fn
+
+
+def _mean(*xs):
+    return _fold(jnp.add)(*xs) / len(xs)
+
+
+_VARIADIC = [
+    # (class, function, SINGA's parameters, pure function, differentiable, doc)
+    ("Sum", "sum", ("*l",), _fold(jnp.add), True, "y = l[0] + l[1] + ... (broadcasting)."),
+    ("Mean", "mean", ("*l",), _mean, True, "y = (l[0] + l[1] + ...) / len(l) (broadcasting)."),
+    ("Max", "max", ("*l",), _fold(lambda a, b: jnp.where(a >= b, a, b)), True,
+     "y = elementwise maximum of the inputs (broadcasting); ties go to the earlier input."),
+    ("Min", "min", ("*l",), _fold(lambda a, b: jnp.where(a <= b, a, b)), True,
+     "y = elementwise minimum of the inputs (broadcasting); ties go to the earlier input."),
+]
+declare_ops(_VARIADIC, globals())
+
+
+def add_all(*xs: Tensor) -> Tensor:
+    """y = xs[0] + xs[1] + ... (one :class:`Sum` op; SINGA chains ``add``)."""
+    return Sum()(*xs)[0]
+
+
+def _reduce(reducer):
+    def fn(x, *, axes, keepdims):
+        if axes is not None:
+            for a in axes:
+                if not -x.ndim <= a < x.ndim:
+                    raise ValueError(f"axis {a} is out of range for a {x.ndim}-d input")
+            axes = tuple(a % x.ndim for a in axes)
+        return reducer(x, axis=axes, keepdims=bool(keepdims))
+    return fn
+
+
+class _AxesReduction(StaticOp):
+    def __init__(self, axes: Optional[Sequence[int]] = None, keepdims: int = 1):
+        super().__init__(axes=None if axes is None else tuple(int(a) for a in axes),
+                         keepdims=int(keepdims))
+
+
+class ReduceSum(_AxesReduction):
+    """y = sum of x over ``axes`` (all when None); ``keepdims=1`` keeps them with length 1."""
+
+    fn = staticmethod(_reduce(jnp.sum))
+
+
+class ReduceMean(_AxesReduction):
+    """y = mean of x over ``axes`` (all when None); ``keepdims=1`` keeps them with length 1."""
+
+    fn = staticmethod(_reduce(jnp.mean))
+
+
+def reduce_sum(x: Tensor, axes: Optional[Sequence[int]] = None, keepdims: int = 1) -> Tensor:
+    """Sum over axes (see :class:`ReduceSum`)."""
+    return ReduceSum(axes, keepdims)(x)[0]
+
+
+def reduce_mean(x: Tensor, axes: Optional[Sequence[int]] = None, keepdims: int = 1) -> Tensor:
+    """Mean over axes (see :class:`ReduceMean`)."""
+    return ReduceMean(axes, keepdims)(x)[0]

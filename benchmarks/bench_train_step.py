@@ -1,0 +1,243 @@
+"""Time one training step: singa_jax graph mode vs eager mode vs a hand-written ``jax.jit`` step
+(vs PyTorch eager where installed), on SINGA's MLP (784-256-10) and LeNet CNN
+(examples/cnn/model/cnn.py), batch 64, SGD with momentum.
+
+All variants run in one process, interleaved step by step, and the median of many steps is
+reported, so a noisy shared machine affects every variant alike. Usage::
+
+    python benchmarks/bench_train_step.py [--steps 60] [--batch 64] [--nets mlp,cnn]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from functools import partial
+from typing import Callable, Dict, List
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from singa_jax import device, layer, model, opt, tensor
+
+LR, MOMENTUM = 0.05, 0.9
+
+
+# --- the networks, SINGA style ------------------------------------------------------------------
+class MLP(model.Model):
+    def __init__(self, hidden=256, num_classes=10):
+        super().__init__()
+        self.linear1 = layer.Linear(hidden)
+        self.relu = layer.ReLU()
+        self.linear2 = layer.Linear(num_classes)
+        self.softmax_cross_entropy = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        return self.linear2(self.relu(self.linear1(x)))
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.softmax_cross_entropy(out, y)
+        self.optimizer(loss)
+        return out, loss
+
+
+class CNN(model.Model):
+    """SINGA's examples/cnn/model/cnn.py (LeNet-style)."""
+
+    def __init__(self, num_classes=10, num_channels=1):
+        super().__init__()
+        self.conv1 = layer.Conv2d(num_channels, 20, 5, padding=0, activation="RELU")
+        self.conv2 = layer.Conv2d(20, 50, 5, padding=0, activation="RELU")
+        self.linear1 = layer.Linear(500)
+        self.linear2 = layer.Linear(num_classes)
+        self.pooling1 = layer.MaxPool2d(2, 2, padding=0)
+        self.pooling2 = layer.MaxPool2d(2, 2, padding=0)
+        self.relu = layer.ReLU()
+        self.flatten = layer.Flatten()
+        self.softmax_cross_entropy = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        y = self.pooling1(self.conv1(x))
+        y = self.pooling2(self.conv2(y))
+        y = self.relu(self.linear1(self.flatten(y)))
+        return self.linear2(y)
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.softmax_cross_entropy(out, y)
+        self.optimizer(loss)
+        return out, loss
+
+
+# --- the same networks, hand-written in JAX ------------------------------------------------------
+def mlp_apply(params, x):
+    w1, b1, w2, b2 = params
+    return jax.nn.relu(x @ w1 + b1) @ w2 + b2
+
+
+def _conv_relu(x, w, b):
+    y = jax.lax.conv_general_dilated(x, w, (1, 1), "VALID",
+                                     dimension_numbers=("NCHW", "OIHW", "NCHW"))
+    return jax.nn.relu(y + b[None, :, None, None])
+
+
+def _maxpool(x):
+    return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+
+
+def cnn_apply(params, x):
+    cw1, cb1, cw2, cb2, w1, b1, w2, b2 = params
+    y = _maxpool(_conv_relu(x, cw1, cb1))
+    y = _maxpool(_conv_relu(y, cw2, cb2))
+    y = jax.nn.relu(y.reshape(y.shape[0], -1) @ w1 + b1)
+    return y @ w2 + b2
+
+
+def make_jax_step(apply: Callable):
+    """SINGA's SGD-momentum rule (v = m v + g; p -= lr v) on softmax cross-entropy."""
+
+    def loss_fn(params, x, y):
+        logp = jax.nn.log_softmax(apply(params, x))
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    @partial(jax.jit, donate_argnums=(0, 1))
+    def step(params, moments, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        moments = [MOMENTUM * v + g for v, g in zip(moments, grads)]
+        params = [p - LR * v for p, v in zip(params, moments)]
+        return params, moments, loss
+
+    return step
+
+
+def jax_params(net: model.Model, names: List[str]):
+    states = net.get_states()
+    return [jnp.array(states[n].data) for n in names]
+
+
+# --- PyTorch, when installed -----------------------------------------------------------------------
+def torch_step_fn(kind: str, batch: int):
+    try:
+        import torch
+    except ImportError:
+        return None
+    nn = torch.nn
+    if kind == "mlp":
+        net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+    else:
+        net = nn.Sequential(nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(20, 50, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                            nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10))
+    sgd = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    shape = (batch, 784) if kind == "mlp" else (batch, 1, 28, 28)
+    x, y = torch.randn(*shape), torch.randint(0, 10, (batch,))
+
+    def step():
+        sgd.zero_grad()
+        loss = nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        sgd.step()
+        return loss.item()
+
+    return step
+
+
+# --- timing ----------------------------------------------------------------------------------------
+def build(kind: str, batch: int, use_graph: bool, seed: int = 0):
+    device.get_default_device().SetRandSeed(seed)
+    net = MLP() if kind == "mlp" else CNN()
+    net.set_optimizer(opt.SGD(lr=LR, momentum=MOMENTUM))
+    shape = (batch, 784) if kind == "mlp" else (batch, 1, 28, 28)
+    net.compile([tensor.Tensor(shape)], is_train=True, use_graph=use_graph)
+    return net, shape
+
+
+def bench(kind: str, batch: int, steps: int) -> Dict[str, float]:
+    rng = np.random.default_rng(0)
+    graph_net, shape = build(kind, batch, True)
+    eager_net, _ = build(kind, batch, False)
+    x_np = rng.standard_normal(shape).astype(np.float32)
+    y_np = rng.integers(0, 10, batch).astype(np.int32)
+    x, y = tensor.from_numpy(x_np), tensor.from_numpy(y_np)
+    xj, yj = jnp.asarray(x_np), jnp.asarray(y_np)
+
+    names = list(graph_net.get_params())
+    names = [n for n in names]  # layer order is the forward order for both networks
+    order = (["linear1.W", "linear1.b", "linear2.W", "linear2.b"] if kind == "mlp" else
+             ["conv1.W", "conv1.b", "conv2.W", "conv2.b", "linear1.W", "linear1.b",
+              "linear2.W", "linear2.b"])
+    assert set(order) == set(names), (order, names)
+    jstep = make_jax_step(mlp_apply if kind == "mlp" else cnn_apply)
+    jp = jax_params(graph_net, order)
+    jm = [jnp.zeros_like(p) for p in jp]
+
+    def graph_step():
+        _, loss = graph_net(x, y)
+        return loss.data.block_until_ready()
+
+    def eager_step():
+        _, loss = eager_net(x, y)
+        return loss.data.block_until_ready()
+
+    jax_state = {"p": jp, "m": jm}
+
+    def jax_step():
+        jax_state["p"], jax_state["m"], loss = jstep(jax_state["p"], jax_state["m"], xj, yj)
+        return loss.block_until_ready()
+
+    # first calls: compile times (graph mode compiles twice: momentum slots appear on step 1)
+    t0 = time.perf_counter()
+    graph_step()
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    graph_step()
+    second = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    jax_step()
+    jax_first = time.perf_counter() - t0
+    eager_step()
+    print(f"[{kind}] first call: graph mode {first:.3f}s (+{second:.3f}s second call, "
+          f"{graph_net._graph_runner.trace_count} traces), hand-written jax.jit {jax_first:.3f}s")
+
+    variants = {"graph": graph_step, "eager": eager_step, "jax.jit": jax_step}
+    torch_step = torch_step_fn(kind, batch)
+    if torch_step is not None:
+        variants["torch eager"] = torch_step
+    else:
+        print(f"[{kind}] PyTorch not installed: skipping the torch eager variant")
+    for fn in variants.values():  # warm-up
+        for _ in range(3):
+            fn()
+    times: Dict[str, List[float]] = {k: [] for k in variants}
+    for _ in range(steps):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k, v in med.items():
+        print(f"[{kind}] {k:12s} median {v * 1e3:8.3f} ms/step")
+    print(f"[{kind}] graph / jax.jit = {med['graph'] / med['jax.jit']:.3f}  (target <= 1.05)")
+    print(f"[{kind}] eager / jax.jit = {med['eager'] / med['jax.jit']:.3f}; eager overhead "
+          f"{(med['eager'] - med['graph']) * 1e3:.3f} ms/step over graph mode")
+    if "torch eager" in med:
+        print(f"[{kind}] graph / torch eager = {med['graph'] / med['torch eager']:.3f}")
+    return med
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--nets", default="mlp,cnn")
+    args = ap.parse_args()
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; batch {args.batch}; "
+          f"{args.steps} interleaved steps per variant")
+    for kind in args.nets.split(","):
+        bench(kind.strip(), args.batch, args.steps)
+
+
+if __name__ == "__main__":
+    main()

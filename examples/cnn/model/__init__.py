@@ -1,0 +1,1 @@
+"""The CNN example's models (SINGA's examples/cnn/model): cnn, alexnet, resnet, xceptionnet."""

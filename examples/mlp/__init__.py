@@ -1,0 +1,1 @@
+"""The MLP example (SINGA's examples/mlp): operations-only and Model versions."""

@@ -1,0 +1,431 @@
+"""Graph mode: one training step (or one evaluation forward) as ONE compiled XLA program.
+
+SINGA buffers the operators of ``train_one_batch`` into a graph and replays it. Here the very same
+eager Python code runs once on JAX tracers inside ``jax.jit``; the resulting program is a pure
+function
+
+    (state arrays, device PRNG keys, batch arrays) -> (new state arrays, new keys, results)
+
+and every later call with the same signature runs that program and writes the new arrays back
+into the same :class:`~singa_jax.tensor.Tensor` objects (the old buffers are donated to XLA).
+
+What is state
+    * the tensors the caller declares (a Model passes its parameters and layer states, e.g.
+      batch-norm running statistics, and every Tensor reachable from its optimizers: slots, step
+      counters, learning-rate values),
+    * every Device's PRNG key (dropout masks and random fills advance it),
+    * anything else the step touches, found by :class:`_Recorder`, which is installed as
+      ``tensor``'s trace hook and sees every ``Tensor.data`` read/write and Tensor creation:
+      - the FIRST call of a method runs eagerly (same numbers) with the recorder installed:
+        lazily created optimizer slots, parameters of a layer first used inside the step, and
+        pre-existing Tensors nobody declared (a mask kept on the model, a counter) all join the
+        state, so the second call compiles ONE program that is reused from then on;
+      - a later trace may still meet new state (a branch only taken for another batch size):
+        a pre-existing Tensor it reads would be baked in as a constant ("stale constant"), one it
+        writes or creates and keeps would be left holding a tracer. The written and created
+        ones leave the program as outputs and get concrete values after the call; all of them
+        join the state, and that program runs once (it is correct for this call: a baked
+        constant equals the tensor's current value) and is superseded by a retrace next call.
+
+    Why not "discard the trace and retrace before running": a discarded trace cannot undo its
+    Python side effects (a momentum buffer created during it stays in the optimizer holding a
+    tracer). The eager first call avoids both that and a second whole-step compile.
+
+What retraces
+    The cache key is (method, training flag, the pytree structure and shapes/dtypes of the tensor
+    arguments, the values of the non-tensor arguments, the identity/shape/dtype of every state
+    tensor, the devices). A new batch size, a new static argument, a replaced or reshaped
+    parameter, or newly discovered state gives a new program; programs live in the
+    :class:`GraphRunner` owned by each Model.
+
+What is not allowed
+    Python control flow on tensor VALUES (``if loss > 0``, ``float(t)``, ``np.asarray(t.data)``)
+    inside the step: it raises :class:`GraphModeError` suggesting ``use_graph=False``.
+"""
+from __future__ import annotations
+
+import gc
+import time
+import types
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from . import device as device_mod
+from . import tensor as tensor_mod
+from .tensor import Tensor
+
+__all__ = ["GraphRunner", "GraphModeError", "tensors_in"]
+
+# Errors JAX raises when Python code asks for the concrete value of a traced array.
+_CONCRETE_VALUE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+                          jax.errors.TracerArrayConversionError,
+                          jax.errors.TracerIntegerConversionError)
+
+
+class GraphModeError(TypeError):
+    """The step cannot be compiled as one program (it branches on a tensor's value)."""
+
+
+def _is_tracer(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def tensors_in(obj: Any) -> List[Tensor]:
+    """Every Tensor reachable from ``obj`` through dicts, lists, tuples and objects' attributes
+    (how graph mode finds an optimizer's state: slots, step counter, schedule values)."""
+    seen: set = set()
+    found: List[Tensor] = []
+    stack = [obj]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen or isinstance(cur, _OPAQUE):
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, Tensor):
+            found.append(cur)
+        elif isinstance(cur, dict):
+            stack.extend(reversed(list(cur.values())))
+        elif isinstance(cur, (list, tuple)):
+            stack.extend(reversed(cur))
+        elif hasattr(cur, "__dict__"):
+            stack.extend(reversed(list(vars(cur).values())))
+    return found
+
+
+# Objects whose attributes hold no model state worth walking into.
+_OPAQUE = (type, types.FunctionType, types.MethodType, types.ModuleType, device_mod.Device,
+           jax.Array, np.ndarray, str, bytes)
+
+
+# --- the trace hook -------------------------------------------------------------------------
+class _Recorder(tensor_mod.TraceHook):
+    """Learns, during one trace, which Tensors outside the declared inputs the step touches and
+    which Tensors it creates."""
+
+    def __init__(self, known: Sequence[Tensor]):
+        self.known_ids = {id(t) for t in known}
+        self.created_refs: List[weakref.ref] = []
+        self.created_ids: set = set()
+        self.undeclared_read: Dict[int, Tensor] = {}
+        self.undeclared_written: Dict[int, Tensor] = {}
+
+    def _outside(self, t: Tensor) -> bool:
+        return id(t) not in self.known_ids and id(t) not in self.created_ids
+
+    def read(self, t: Tensor) -> None:
+        if self._outside(t):
+            self.undeclared_read[id(t)] = t
+
+    def write(self, t: Tensor) -> None:
+        if self._outside(t):
+            self.undeclared_written[id(t)] = t
+
+    def created(self, t: Tensor) -> None:
+        self.created_refs.append(weakref.ref(t))
+        self.created_ids.add(id(t))
+
+    def alive_created(self, exclude_ids: set) -> List[Tensor]:
+        """Tensors created while recording that something still references (not ``exclude_ids``)."""
+        out, seen = [], set()
+        for ref in self.created_refs:
+            t = ref()
+            if t is not None and id(t) not in exclude_ids and id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+        return out
+
+
+# --- arguments: tensors are traced, everything else is static ------------------------------
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _leaf_signature(leaf: Any, where: str) -> Hashable:
+    if isinstance(leaf, Tensor):
+        return ("T", leaf.shape, leaf.dtype, leaf.requires_grad, leaf.stores_grad, id(leaf.device))
+    if isinstance(leaf, (jax.Array, np.ndarray)):
+        return ("A", tuple(leaf.shape), np.dtype(leaf.dtype))
+    try:
+        hash(leaf)
+    except TypeError:
+        raise TypeError(f"graph mode: {where} has a non-tensor argument of type "
+                        f"{type(leaf).__name__} that is not hashable; non-tensor arguments are "
+                        f"compiled in as constants and must be hashable (use tuples, not sets or "
+                        f"arrays)") from None
+    return ("S", type(leaf), leaf)
+
+
+@dataclass
+class _Program:
+    """One compiled step and how its inputs/outputs map onto Python objects."""
+    compiled: Any
+    state: List[Tensor]              # inputs and outputs, in order
+    devices: List[device_mod.Device]  # whose keys are inputs and outputs
+    extra_out: List[Tensor]          # outputs only: undeclared written / created-alive tensors
+    result_tree: Any                 # treedef of the method's result
+    result_kinds: List[Tuple]        # per result leaf: ("T", tensor meta) | ("A",) | ("S", value)
+    cacheable: bool                  # False when the trace revealed state it did not take as input
+    static_results: Dict[int, Any] = field(default_factory=dict)
+
+
+class GraphRunner:
+    """Compiles and caches one Model's steps; ``trace_count`` counts traces (for tests/logs)."""
+
+    def __init__(self, owner_name: str = "model", explore_first: bool = True):
+        self.owner_name = owner_name
+        self.explore_first = explore_first
+        self.programs: Dict[Hashable, _Program] = {}
+        self.discovered: List[Tensor] = []   # state found by the trace hook, in discovery order
+        self.explored: set = set()           # (method, training) pairs already run once
+        self.trace_count = 0
+        self.last_compile_seconds = 0.0
+        self.active = False                  # True while exploring/tracing (no nesting)
+
+    # -- public entry ------------------------------------------------------------------------
+    def run(self, fn: Callable, name: str, args: tuple, kwargs: dict,
+            declared_state: Sequence[Tensor], training: bool) -> Any:
+        """Run ``fn(*args, **kwargs)`` as one compiled program; see the module docstring."""
+        leaves, arg_tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+        where = f"{self.owner_name}.{name}"
+        arg_sig = tuple(_leaf_signature(leaf, where) for leaf in leaves)
+        state = self._state_list(declared_state)
+        devices = device_mod.all_devices()
+        key = (name, bool(training), arg_tree, arg_sig,
+               tuple((id(t), t.shape, t.dtype) for t in state), tuple(id(d) for d in devices))
+        prog = self.programs.get(key)
+        if prog is None and self.explore_first and (name, bool(training)) not in self.explored:
+            self.explored.add((name, bool(training)))
+            return self._explore(fn, leaves, arg_tree, state)
+        if prog is None:
+            prog = self._trace(fn, where, leaves, arg_tree, state, devices)
+            if prog.cacheable:
+                self.programs[key] = prog
+        return self._execute(prog, leaves, where)
+
+    # -- state -------------------------------------------------------------------------------
+    def _state_list(self, declared: Sequence[Tensor]) -> List[Tensor]:
+        state, seen = [], set()
+        for t in list(declared) + self.discovered:
+            if id(t) not in seen:
+                seen.add(id(t))
+                state.append(t)
+        return state
+
+    def _discover(self, tensors: Sequence[Tensor]) -> None:
+        known = {id(t) for t in self.discovered}
+        self.discovered.extend(t for t in tensors if id(t) not in known)
+
+    # -- the first call: eager, recorded -------------------------------------------------------
+    def _explore(self, fn: Callable, leaves: list, arg_tree, state: List[Tensor]) -> Any:
+        """Run the method eagerly once with the recorder installed: every Tensor it touches or
+        leaves behind (optimizer slots created on the first step, undeclared tensors) becomes
+        state before the first trace, so the step compiles once, into a program that is reused."""
+        args, kwargs = jax.tree_util.tree_unflatten(arg_tree, leaves)
+        recorder = _Recorder(state + [x for x in leaves if isinstance(x, Tensor)])
+        previous_hook = tensor_mod.set_trace_hook(recorder)
+        self.active = True
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            tensor_mod.set_trace_hook(previous_hook)
+            self.active = False
+        returned = {id(r) for r in jax.tree_util.tree_leaves(result, is_leaf=_is_tensor)
+                    if isinstance(r, Tensor)}
+        gc.collect()
+        alive = recorder.alive_created(returned | {id(t) for t in state})
+        self._discover(list(recorder.undeclared_read.values()) +
+                       list(recorder.undeclared_written.values()) + alive)
+        return result
+
+    # -- tracing -----------------------------------------------------------------------------
+    def _trace(self, fn: Callable, where: str, leaves: list, arg_tree, state: List[Tensor],
+               devices: List[device_mod.Device]) -> _Program:
+        self.trace_count += 1
+        originals = [t.data for t in state]
+        original_keys = [d.key for d in devices]
+        recorder = _Recorder(state)
+        record: Dict[str, Any] = {}
+
+        def step(state_arrays, keys, batch_arrays):
+            for t, a in zip(state, state_arrays):
+                t.data = a
+            for d, k in zip(devices, keys):
+                d.key = k
+            call_leaves = _rebuild_leaves(leaves, batch_arrays)
+            args, kwargs = jax.tree_util.tree_unflatten(arg_tree, call_leaves)
+            recorder.known_ids.update(id(x) for x in call_leaves if isinstance(x, Tensor))
+            previous_hook = tensor_mod.set_trace_hook(recorder)
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                tensor_mod.set_trace_hook(previous_hook)
+            res_leaves, res_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
+            kinds, res_arrays = _result_outputs(res_leaves)
+            # Drop our references to the step's temporaries so that only the Tensors the user's
+            # objects keep (optimizer slots, lazily built parameters) are found alive below.
+            del result, res_leaves, args, kwargs, call_leaves
+            gc.collect()
+            state_ids = {id(t) for t in state}
+            written = [t for t in recorder.undeclared_written.values() if id(t) not in state_ids]
+            alive = recorder.alive_created(state_ids)
+            extra = written + [t for t in alive if id(t) not in {id(w) for w in written}]
+            record.update(tree=res_tree, kinds=kinds, extra=extra,
+                          read=list(recorder.undeclared_read.values()))
+            return ([t.data for t in state], [d.key for d in devices],
+                    [t.data for t in extra], res_arrays)
+
+        batch_arrays = [_leaf_array(x) for x in leaves if _is_traced_leaf(x)]
+        start = time.perf_counter()
+        self.active = True
+        try:
+            jitted = jax.jit(step, donate_argnums=(0, 1))
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
+                lowered = jitted.lower(originals, original_keys, batch_arrays)
+                compiled = lowered.compile()
+        except _CONCRETE_VALUE_ERRORS as e:
+            self._undo_trace(state, originals, devices, original_keys, recorder)
+            raise GraphModeError(
+                f"graph mode: {where} branches on (or converts to Python/NumPy) the VALUE of a "
+                f"traced tensor, which cannot be compiled into one XLA program. Run this model "
+                f"eagerly with model.compile(..., use_graph=False) or model.graph(False), or "
+                f"express the choice with tensor ops (e.g. autograd.where). JAX said: "
+                f"{str(e).splitlines()[0]}") from e
+        except BaseException:
+            self._undo_trace(state, originals, devices, original_keys, recorder)
+            raise
+        finally:
+            self.active = False
+        self.last_compile_seconds = time.perf_counter() - start
+        # Tensors now hold tracers; restore the inputs (the run writes the new values back).
+        for t, a in zip(state, originals):
+            t.data = a
+        for d, k in zip(devices, original_keys):
+            d.key = k
+        revealed = [t for t in record["read"] if id(t) not in {id(s) for s in state}]
+        new_state = revealed + record["extra"]
+        self._discover(new_state)
+        return _Program(compiled=compiled, state=list(state), devices=list(devices),
+                        extra_out=record["extra"], result_tree=record["tree"],
+                        result_kinds=record["kinds"], cacheable=not new_state)
+
+    @staticmethod
+    def _undo_trace(state, originals, devices, original_keys, recorder: _Recorder) -> None:
+        """After a failed trace: no Tensor the user can see may keep a tracer."""
+        for t, a in zip(state, originals):
+            t.data = a
+        for d, k in zip(devices, original_keys):
+            d.key = k
+        for t in list(recorder.undeclared_written.values()) + recorder.alive_created(set()):
+            if _is_tracer(t._data):  # value was never computed: fall back to zeros
+                t.data = jax.numpy.zeros(t.shape, t.dtype)
+
+    # -- running -----------------------------------------------------------------------------
+    def _execute(self, prog: _Program, leaves: list, where: str) -> Any:
+        state_arrays = [t.data for t in prog.state]
+        keys = [d.key for d in prog.devices]
+        batch_arrays = [_leaf_array(x) for x in leaves if _is_traced_leaf(x)]
+        _unalias(state_arrays, keys, batch_arrays)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
+            new_state, new_keys, extra, res_arrays = prog.compiled(state_arrays, keys, batch_arrays)
+        for t, a in zip(prog.state, new_state):
+            t.data = a
+        for d, k in zip(prog.devices, new_keys):
+            d.key = k
+        for t, a in zip(prog.extra_out, extra):
+            t.data = a
+            _detach(t)
+        _assert_no_tracers(prog, where)
+        return _build_result(prog, res_arrays)
+
+
+def _is_traced_leaf(x: Any) -> bool:
+    return isinstance(x, (Tensor, jax.Array, np.ndarray))
+
+
+def _leaf_array(x: Any):
+    return x.data if isinstance(x, Tensor) else x
+
+
+def _rebuild_leaves(leaves: list, arrays: list) -> list:
+    """The call's leaves with each tensor argument replaced by a new Tensor over its tracer."""
+    it = iter(arrays)
+    out = []
+    for x in leaves:
+        if isinstance(x, Tensor):
+            out.append(Tensor(data=next(it), device=x.device, requires_grad=x.requires_grad,
+                              stores_grad=x.stores_grad, name=x.name))
+        elif isinstance(x, (jax.Array, np.ndarray)):
+            out.append(next(it))
+        else:
+            out.append(x)
+    return out
+
+
+def _result_outputs(res_leaves: list) -> Tuple[List[Tuple], list]:
+    kinds, arrays = [], []
+    for r in res_leaves:
+        if isinstance(r, Tensor):
+            kinds.append(("T", r.device, r.requires_grad, r.stores_grad, r.name))
+            arrays.append(r.data)
+        elif isinstance(r, jax.Array) or _is_tracer(r):
+            kinds.append(("A",))
+            arrays.append(r)
+        else:
+            kinds.append(("S", r))
+    return kinds, arrays
+
+
+def _build_result(prog: _Program, arrays: list) -> Any:
+    it = iter(arrays)
+    leaves = []
+    for kind in prog.result_kinds:
+        if kind[0] == "T":
+            _, dev, requires_grad, stores_grad, name = kind
+            leaves.append(Tensor(data=next(it), device=dev, requires_grad=requires_grad,
+                                 stores_grad=stores_grad, name=name))
+        elif kind[0] == "A":
+            leaves.append(next(it))
+        else:
+            leaves.append(kind[1])
+    return jax.tree_util.tree_unflatten(prog.result_tree, leaves)
+
+
+def _unalias(state_arrays: list, keys: list, batch_arrays: list) -> None:
+    """Donated buffers must be distinct: copy a state array whose buffer another input also
+    holds (tied weights, a Tensor built over another's array)."""
+    seen = {_buffer_id(a) for a in batch_arrays}
+    for arrays in (state_arrays, keys):
+        for i, a in enumerate(arrays):
+            if _buffer_id(a) in seen:
+                arrays[i] = a = a.copy()
+            seen.add(_buffer_id(a))
+
+
+def _buffer_id(a) -> int:
+    try:
+        return a.unsafe_buffer_pointer()
+    except Exception:  # sharded or non-jax arrays: identity is the best we can tell
+        return id(a)
+
+
+def _detach(t: Tensor) -> None:
+    """A Tensor created during the trace keeps no traced autograd graph (like SINGA's
+    remove_creator after buffering)."""
+    from .autograd.engine import Dummy
+    if not isinstance(t.creator, Dummy):
+        t.creator = Dummy(t)
+
+
+def _assert_no_tracers(prog: _Program, where: str) -> None:
+    leaked = [t.name for t in prog.state + prog.extra_out if _is_tracer(t._data)]
+    leaked += [repr(d) for d in prog.devices if _is_tracer(d.key)]
+    if leaked:
+        raise RuntimeError(f"graph mode: {where} left traced values in {leaked}; this is a bug "
+                           f"in singa_jax's graph mode")

@@ -1,0 +1,282 @@
+"""SINGA's ``Layer`` base: lazy initialisation, sublayer registration, hierarchical names, and
+parameter/state access.
+
+* **Lazy initialisation.** :class:`LayerMeta` wraps every ``forward`` so that the first call runs
+  ``initialize(*inputs)`` — which creates parameters from the input's shape, dtype and device —
+  and wraps every ``initialize`` so it runs with the device's graph buffering switched off.
+* **Sublayers and names.** Assigning a Layer to an attribute registers it (``self._layers``) and
+  names it ``<parent name>.<attribute>`` (the root's children are named by attribute alone);
+  a Tensor assigned to an attribute that still has a ``Dummy#N`` name is named the same way, so a
+  parameter is called e.g. ``block1.conv.W``.
+* **Parameters and states.** Built-in layers list their parameter attributes in
+  ``_param_attrs`` and their non-trainable state attributes (BatchNorm running statistics) in
+  ``_state_attrs``. ``get_params`` / ``get_states`` return ``{name: Tensor}`` for the layer and all
+  initialised sublayers; ``set_params`` / ``set_states`` accept Tensors or arrays and check every
+  name and shape before changing anything.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import wraps
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..tensor import Tensor
+
+__all__ = ["LayerMeta", "Layer", "move_to_device"]
+
+
+def _first_tensor(args: Tuple[Any, ...]) -> Optional[Tensor]:
+    """The first Tensor among the layer inputs (SINGA allows a list of Tensors as first input)."""
+    for a in args:
+        if isinstance(a, Tensor):
+            return a
+        if isinstance(a, (list, tuple)):
+            found = _first_tensor(tuple(a))
+            if found is not None:
+                return found
+    return None
+
+
+class LayerMeta(type):
+    """Metaclass of :class:`Layer`: wraps ``initialize`` and ``forward`` of every subclass."""
+
+    @staticmethod
+    def init_wrapper(func):
+        """``initialize`` runs once, with graph buffering off on the input's device, and marks the
+        layer initialised."""
+
+        @wraps(func)
+        def wrapper(self, *args, **kwargs):
+            if len(args) == 0:
+                return None
+            x = _first_tensor(args)
+            if x is None:  # no Tensor input: nothing to take a device from
+                func(self, *args, **kwargs)
+                self._initialized = True
+                return None
+            dev = x.device
+            prev = dev.graph_enabled()
+            dev.EnableGraph(False)
+            try:
+                func(self, *args, **kwargs)
+                self._initialized = True
+            finally:
+                dev.EnableGraph(prev)
+            return None
+
+        return wrapper
+
+    @staticmethod
+    def forward_wrapper(func):
+        """``forward`` first initialises the layer from its inputs if that has not happened."""
+
+        @wraps(func)
+        def wrapper(self, *args, **kwargs):
+            if not self.__dict__.get("_initialized", False):
+                self.initialize(*args, **kwargs)
+                self._initialized = True
+            return func(self, *args, **kwargs)
+
+        return wrapper
+
+    def __new__(mcs, name, bases, attrs):
+        if "initialize" in attrs:
+            attrs["initialize"] = LayerMeta.init_wrapper(attrs["initialize"])
+        if "forward" in attrs:
+            attrs["forward"] = LayerMeta.forward_wrapper(attrs["forward"])
+        return super().__new__(mcs, name, bases, attrs)
+
+
+def move_to_device(*inputs: Tensor) -> None:
+    """SINGA's device_check: move every Tensor to the device of the first one (in place)."""
+    target = inputs[0].device
+    for t in inputs[1:]:
+        if t is not None and t.device is not target:
+            t.data = target.put(t.data)
+            t.device = target
+
+
+def _as_array(value: Any):
+    """The array behind a Tensor, NumPy array, JAX array or nested list."""
+    if isinstance(value, Tensor):
+        return value.data
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return value
+    return np.asarray(value)
+
+
+def assign_values(owner: str, what: str, targets: Dict[str, Tensor], values: Any) -> None:
+    """Copy ``values`` (``{name: Tensor | array}``) into the Tensors ``targets`` of the same names.
+
+    Every name and shape is checked first; nothing changes unless all of them fit.
+    """
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{owner}.{what}: expects a dict {{name: Tensor or array}}, got "
+                        f"{type(values).__name__}")
+    unknown = [k for k in values if k not in targets]
+    if unknown:
+        raise ValueError(f"{owner}.{what}: unknown name(s) {sorted(map(str, unknown))}; this layer "
+                         f"has {sorted(targets)} (is every sublayer initialised? call the model "
+                         f"once, or compile it, before setting its values)")
+    staged = []
+    for name, value in values.items():
+        arr = _as_array(value)
+        target = targets[name]
+        if tuple(arr.shape) != target.shape:
+            raise ValueError(f"{owner}.{what}: '{name}' expects shape {target.shape}, got "
+                             f"{tuple(arr.shape)}")
+        staged.append((target, arr))
+    for target, arr in staged:
+        target.data = target.device.put(jnp.asarray(arr, dtype=target.dtype))
+
+
+class Layer(object, metaclass=LayerMeta):
+    """Base of every layer (SINGA 5.x API). Subclasses implement ``initialize(*inputs)`` (create
+    parameters from the inputs) and ``forward(*inputs)``; calling the layer runs ``forward``."""
+
+    sep = "."
+    _param_attrs: Tuple[str, ...] = ()  # attributes holding trainable Tensors
+    _state_attrs: Tuple[str, ...] = ()  # attributes holding non-trainable state Tensors
+
+    def __init__(self):
+        self.__dict__.setdefault("_layers", dict())
+        self.name = None
+        self._initialized = False
+        self._parent = None
+
+    # --- the two methods subclasses implement ----------------------------------------------
+    def initialize(self, *input) -> None:
+        """Create parameters, states and handles from the first inputs (called once, by forward)."""
+
+    def forward(self, *input):
+        """Forward propagation on Tensors; returns Tensor(s)."""
+        raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # --- parameters and states -------------------------------------------------------------
+    def _own(self, attrs: Iterable[str]) -> Dict[str, Tensor]:
+        out = {}
+        for attr in attrs:
+            t = self.__dict__.get(attr)
+            if isinstance(t, Tensor):
+                out[t.name] = t
+        return out
+
+    def get_params(self) -> Dict[str, Tensor]:
+        """``{name: Tensor}`` of the trainable parameters of this layer and its sublayers."""
+        params = self._own(self._param_attrs)
+        for sublayer in self._layers.values():
+            if sublayer._initialized:
+                params.update(sublayer.get_params())
+        return params
+
+    def set_params(self, parameters: Dict[str, Any]) -> None:
+        """Set parameters by name from Tensors or arrays (all names and shapes checked first)."""
+        assign_values(self._describe(), "set_params", self.get_params(), parameters)
+
+    def get_states(self) -> Dict[str, Tensor]:
+        """``{name: Tensor}`` of parameters plus non-trainable states (e.g. BN running stats)."""
+        states = {}
+        for sublayer in self._layers.values():
+            if sublayer._initialized:
+                states.update(sublayer.get_states())
+        states.update(self._own(self._state_attrs))
+        states.update(self.get_params())
+        return states
+
+    def set_states(self, states: Dict[str, Any]) -> None:
+        """Set parameters and states by name (all names and shapes checked first)."""
+        assign_values(self._describe(), "set_states", self.get_states(), states)
+
+    # --- device / dtype --------------------------------------------------------------------
+    def device_check(self, *inputs: Tensor) -> None:
+        """Move every Tensor to the device of the first input (SINGA copies them over)."""
+        move_to_device(*inputs)
+
+    def dtype_check(self, *inputs: Tensor) -> None:
+        """Cast every Tensor to the dtype of the first input (in place)."""
+        x_dtype = inputs[0].dtype
+        for t in inputs[1:]:
+            if t is not None and t.dtype != x_dtype:
+                t.data = t.data.astype(x_dtype)
+
+    # --- naming and sublayers --------------------------------------------------------------
+    def _describe(self) -> str:
+        """How errors name this layer: ``Conv2d 'block1.conv'`` or just ``Conv2d``."""
+        name = self.__dict__.get("name")
+        return f"{type(self).__name__} '{name}'" if name else type(self).__name__
+
+    def _get_name_prefix(self) -> str:
+        if self.__dict__.get("name") and self.__dict__.get("_parent") is not None:
+            return self.name + Layer.sep
+        return ""
+
+    def _has_layer_param(self, layer: "Layer", names: Iterable[str]) -> bool:
+        return any(n.startswith(layer.name) for n in names)
+
+    def __getattr__(self, name: str):
+        layers = self.__dict__.get("_layers")
+        if layers is not None and name in layers:
+            return layers[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        layers = self.__dict__.setdefault("_layers", dict())
+        if isinstance(value, Layer):
+            self.__dict__.pop(name, None)
+            layers[name] = value
+            value.__dict__["_parent"] = self
+            value.name = self._get_name_prefix() + name
+            return
+        object.__setattr__(self, name, value)
+        if isinstance(value, Tensor) and value.is_dummy():
+            # parameters created in initialize() are named after the attribute holding them
+            value.name = self._get_name_prefix() + name
+            value.creator.name = value.name
+        elif name == "name" and value:
+            for attr, sublayer in layers.items():  # a renamed layer renames its subtree
+                sublayer.name = self._get_name_prefix() + attr
+            for attr in self._param_attrs + self._state_attrs:
+                t = self.__dict__.get(attr)
+                if isinstance(t, Tensor):
+                    t.name = self._get_name_prefix() + attr
+                    t.creator.name = t.name
+
+    def __delattr__(self, name: str) -> None:
+        if name in self._layers:
+            del self._layers[name]
+        else:
+            object.__delattr__(self, name)
+
+    def register_layers(self, *args) -> None:
+        """Register sublayers: a dict ``{name: layer}`` (kept in order) or layers as arguments,
+        which are named ``<ClassName>_<index>``."""
+        if len(args) == 1 and isinstance(args[0], Mapping):
+            items = list(args[0].items())
+        else:
+            items = [(f"{type(v).__name__}_{i}", v) for i, v in enumerate(args)]
+        for name, value in items:
+            if isinstance(value, Layer):
+                self._layers[name] = value
+                value.__dict__["_parent"] = self
+                value.name = self._get_name_prefix() + name
+
+    # --- helpers for subclasses ------------------------------------------------------------
+    def _input_error(self, what: str, expected: Any, x: Tensor) -> ValueError:
+        return ValueError(f"{self._describe()}: expected an input with {what} {expected}, got an "
+                          f"input of shape {x.shape}")
+
+    @staticmethod
+    def _new_param(shape: Tuple[int, ...], device, dtype: Any = None,
+                   trainable: bool = True) -> Tensor:
+        """A zero Tensor on ``device``: a parameter (requires and stores its gradient), or a
+        state when not ``trainable``. ``dtype`` is used when it is a float dtype, else float32."""
+        if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+            dtype = jnp.float32
+        return Tensor(shape=tuple(int(s) for s in shape), device=device, dtype=dtype,
+                      requires_grad=trainable, stores_grad=trainable)

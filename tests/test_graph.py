@@ -1,0 +1,344 @@
+"""graph.py against the core contracts only: hand-made ops, layers and optimizers.
+
+Every test runs the same step eagerly and through :class:`GraphRunner` from the same seeds and
+compares the numbers, and checks a trap of whole-step compilation.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from singa_jax import autograd, device, tensor
+from singa_jax.autograd import make_function
+from singa_jax.graph import GraphModeError, GraphRunner, tensors_in
+from singa_jax.tensor import Tensor
+
+# --- tiny op catalogue (pure functions -> autograd Functions) --------------------------------
+MatMul = make_function("MatMul", lambda x, w: x @ w)
+AddBias = make_function("AddBias", lambda x, b: x + b)
+Relu = make_function("Relu", lambda x: jnp.maximum(x, 0))
+Mask = make_function("Mask", lambda x, key, p=0.5: jnp.where(
+    jax.random.bernoulli(key, 1 - p, x.shape), x / (1 - p), 0.0))
+
+
+def _xent(logits, labels):
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.sum(logp * labels, axis=-1))
+
+
+XEnt = make_function("XEnt", _xent)
+Norm = make_function("Norm", lambda x, g: g * (x - x.mean(0)) / jnp.sqrt(x.var(0) + 1e-5))
+
+
+def param(rng, *shape):
+    return Tensor(data=rng.standard_normal(shape).astype(np.float32) * 0.3, stores_grad=True)
+
+
+class Net:
+    """Linear-Relu-Dropout-Norm-Linear, with running statistics like batch-norm."""
+
+    def __init__(self, seed=0, dropout=True):
+        rng = np.random.default_rng(seed)
+        self.w1, self.b1 = param(rng, 6, 8), param(rng, 8)
+        self.g = Tensor(data=np.ones(8, np.float32), stores_grad=True)
+        self.w2, self.b2 = param(rng, 8, 3), param(rng, 3)
+        self.running_mean = Tensor(data=np.zeros(8, np.float32), requires_grad=False)
+        self.dropout = dropout
+
+    def get_states(self):
+        return {"w1": self.w1, "b1": self.b1, "g": self.g, "w2": self.w2, "b2": self.b2,
+                "running_mean": self.running_mean}
+
+    def forward(self, x):
+        h = Relu()(AddBias()(MatMul()(x, self.w1)[0], self.b1)[0])[0]
+        if self.dropout and autograd.is_training():
+            key = Tensor(data=h.device.next_key(), requires_grad=False)
+            h = Mask(p=0.25)(h, key)[0]
+        if autograd.is_training():
+            self.running_mean.data = 0.9 * self.running_mean.data + 0.1 * h.data.mean(0)
+        h = Norm()(h, self.g)[0]
+        return AddBias()(MatMul()(h, self.w2)[0], self.b2)[0]
+
+
+class MomentumSGD:
+    """SINGA-style SGD: lazily created momentum slots, a step counter, a decaying lr Tensor."""
+
+    def __init__(self, lr=0.1, momentum=0.9, decay_rate=None):
+        self.lr, self.momentum, self.decay_rate = lr, momentum, decay_rate
+        self.step_counter = Tensor(data=np.zeros((), np.float32), requires_grad=False)
+        self.moments = {}
+
+    def lr_value(self):
+        if self.decay_rate is None:
+            return self.lr
+        return self.lr * self.decay_rate ** self.step_counter.data  # traced in graph mode
+
+    def __call__(self, loss):
+        lr = self.lr_value()
+        for p, g in autograd.backward(loss):
+            if id(p) not in self.moments:
+                self.moments[id(p)] = Tensor(data=jnp.zeros_like(p.data), requires_grad=False)
+            buf = self.moments[id(p)]
+            buf.data = self.momentum * buf.data + g.data
+            p.data = p.data - lr * buf.data
+        self.step_counter.data = self.step_counter.data + 1
+
+
+class Adam:
+    def __init__(self, lr=0.01, b1=0.9, b2=0.999, eps=1e-8):
+        self.lr, self.b1, self.b2, self.eps = lr, b1, b2, eps
+        self.t = Tensor(data=np.zeros((), np.float32), requires_grad=False)
+        self.m, self.v = {}, {}
+
+    def __call__(self, loss):
+        self.t.data = self.t.data + 1
+        for p, g in autograd.backward(loss):
+            for slots in (self.m, self.v):
+                slots.setdefault(id(p), Tensor(data=jnp.zeros_like(p.data), requires_grad=False))
+            m, v = self.m[id(p)], self.v[id(p)]
+            m.data = self.b1 * m.data + (1 - self.b1) * g.data
+            v.data = self.b2 * v.data + (1 - self.b2) * g.data ** 2
+            mh = m.data / (1 - self.b1 ** self.t.data)
+            vh = v.data / (1 - self.b2 ** self.t.data)
+            p.data = p.data - self.lr * mh / (jnp.sqrt(vh) + self.eps)
+
+
+def train_one_batch(net, opt, x, y):
+    out = net.forward(x)
+    loss = XEnt()(out, y)[0]
+    opt(loss)
+    return out, loss
+
+
+def batch(step, n=5):
+    rng = np.random.default_rng(100 + step)
+    x = Tensor(data=rng.standard_normal((n, 6)).astype(np.float32), requires_grad=False)
+    y = Tensor(data=np.eye(3, dtype=np.float32)[rng.integers(0, 3, n)], requires_grad=False)
+    return x, y
+
+
+@pytest.fixture(autouse=True)
+def training_mode():
+    prev = autograd.training
+    autograd.training = True
+    device.get_default_device().SetRandSeed(7)
+    yield
+    autograd.training = prev
+
+
+def run_steps(make_opt, use_graph, steps=10, dropout=True, sizes=None):
+    dev = device.get_default_device()
+    dev.SetRandSeed(7)
+    net, opt = Net(dropout=dropout), make_opt()
+    runner = GraphRunner("net")
+    losses = []
+    for s in range(steps):
+        x, y = batch(s, n=(sizes[s] if sizes else 5))
+        if use_graph:
+            out, loss = runner.run(lambda a, b: train_one_batch(net, opt, a, b), "train_one_batch",
+                                   (x, y), {}, list(net.get_states().values()) + tensors_in(opt),
+                                   training=True)
+        else:
+            out, loss = train_one_batch(net, opt, x, y)
+        losses.append(float(loss.data))
+    final = {k: np.asarray(v.data) for k, v in net.get_states().items()}
+    return np.array(losses), final, runner, opt, np.asarray(dev.key)
+
+
+def assert_same(a, b):
+    la, fa, _, _, ka = a
+    lb, fb, _, _, kb = b
+    np.testing.assert_allclose(la, lb, rtol=1e-5, atol=1e-6)
+    for k in fa:
+        np.testing.assert_allclose(fa[k], fb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_array_equal(ka, kb)  # dropout consumed the same keys
+
+
+@pytest.mark.parametrize("make_opt", [lambda: MomentumSGD(), lambda: Adam()], ids=["sgd", "adam"])
+def test_graph_equals_eager_over_steps(make_opt):
+    eager = run_steps(make_opt, use_graph=False)
+    graph = run_steps(make_opt, use_graph=True)
+    assert_same(eager, graph)
+    assert eager[0][-1] < eager[0][0]  # it trains
+    # the first step runs eagerly and reveals the lazily created slots; the second compiles the
+    # whole step once, and that program is reused for the remaining 8 steps
+    assert graph[2].trace_count == 1 and len(graph[2].programs) == 1
+
+
+def test_lr_schedule_is_traced():
+    eager = run_steps(lambda: MomentumSGD(lr=0.5, decay_rate=0.5), use_graph=False, dropout=False)
+    graph = run_steps(lambda: MomentumSGD(lr=0.5, decay_rate=0.5), use_graph=True, dropout=False)
+    assert_same(eager, graph)
+    assert float(graph[3].step_counter.data) == 10.0
+    # a baked-in lr would make graph mode diverge from eager after the second step
+    frozen = run_steps(lambda: MomentumSGD(lr=0.5, decay_rate=1.0), use_graph=False, dropout=False)
+    assert not np.allclose(frozen[0], graph[0], rtol=1e-3)
+
+
+def test_dropout_key_advances_every_step():
+    dev = device.get_default_device()
+    net, opt, runner = Net(), MomentumSGD(), GraphRunner()
+    x, y = batch(0)
+    keys, outs = [], []
+    for _ in range(4):
+        out, _ = runner.run(lambda a, b: train_one_batch(net, opt, a, b), "step", (x, y), {},
+                            list(net.get_states().values()) + tensors_in(opt), True)
+        keys.append(np.asarray(dev.key))
+        outs.append(np.asarray(out.data))
+    assert len({k.tobytes() for k in keys}) == 4
+    # same parameters would give the same output without fresh masks; masks differ per step
+    assert not np.allclose(outs[2], outs[3])
+
+
+def test_running_statistics_updated_as_in_eager():
+    eager = run_steps(lambda: MomentumSGD(), use_graph=False, steps=4)
+    graph = run_steps(lambda: MomentumSGD(), use_graph=True, steps=4)
+    assert np.abs(graph[1]["running_mean"]).sum() > 0
+    np.testing.assert_allclose(eager[1]["running_mean"], graph[1]["running_mean"], rtol=1e-5)
+
+
+def test_retrace_on_new_batch_size_and_reuse():
+    sizes = [5, 5, 5, 7, 7, 5, 7]
+    eager = run_steps(lambda: MomentumSGD(), use_graph=False, steps=7, sizes=sizes)
+    graph = run_steps(lambda: MomentumSGD(), use_graph=True, steps=7, sizes=sizes)
+    assert_same(eager, graph)
+    assert graph[2].trace_count == 2  # batch 5 (after the eager first call), batch 7
+    assert len(graph[2].programs) == 2
+
+
+def test_static_arguments_select_programs():
+    net, opt, runner = Net(dropout=False), MomentumSGD(), GraphRunner()
+    x, y = batch(0)
+    state = list(net.get_states().values())
+
+    def step(a, mode):
+        out = net.forward(a)
+        return out if mode == "plain" else Relu()(out)[0]
+
+    runner.run(step, "f", (x, "plain"), {}, state, True)  # eager first call
+    plain = runner.run(step, "f", (x, "plain"), {}, state, True)
+    relu = runner.run(step, "f", (x, "relu"), {}, state, True)
+    assert runner.trace_count == 2
+    np.testing.assert_allclose(np.asarray(relu.data), np.maximum(np.asarray(plain.data), 0))
+    assert (np.asarray(plain.data) < 0).any()
+    runner.run(step, "f", (x, "plain"), {}, state, True)
+    assert runner.trace_count == 2
+    with pytest.raises(TypeError, match="not hashable"):
+        runner.run(step, "f", (x, {1, 2}), {}, state, True)
+
+
+def test_value_dependent_control_flow_is_rejected_clearly():
+    net, runner = Net(dropout=False), GraphRunner("MyModel", explore_first=False)
+    before = {k: np.asarray(v.data) for k, v in net.get_states().items()}
+    key_before = np.asarray(device.get_default_device().key)
+
+    def step(a):
+        out = net.forward(a)
+        if out.data.sum() > 0:  # Python branch on a traced value
+            return out
+        return out
+
+    with pytest.raises(GraphModeError, match="use_graph=False") as info:
+        runner.run(step, "train_one_batch", batch(0)[:1], {}, list(net.get_states().values()),
+                   True)
+    assert "MyModel.train_one_batch" in str(info.value)
+    for k, v in net.get_states().items():  # nothing changed, nothing holds a tracer
+        assert not isinstance(v.data, jax.core.Tracer)
+        np.testing.assert_array_equal(before[k], np.asarray(v.data))
+    np.testing.assert_array_equal(key_before, np.asarray(device.get_default_device().key))
+
+
+@pytest.mark.parametrize("explore_first", [True, False])
+def test_stale_constant_trap(explore_first):
+    """A tensor read by the step but declared by nobody must not be frozen into the program."""
+    net = Net(dropout=False)
+    scale = Tensor(data=np.float32(1.0), requires_grad=False)  # undeclared
+    runner = GraphRunner(explore_first=explore_first)
+    x, _ = batch(0)
+
+    def step(a):
+        return tensor.Tensor(data=net.forward(a).data * scale.data, requires_grad=False)
+
+    autograd.training = False
+    state = list(net.get_states().values())
+    first = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
+    scale.data = jnp.asarray(3.0, jnp.float32)
+    second = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
+    np.testing.assert_allclose(second, 3 * first, rtol=1e-5)
+    scale.data = jnp.asarray(-1.0, jnp.float32)
+    third = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
+    np.testing.assert_allclose(third, -first, rtol=1e-5)
+    # traced first: the program with the constant runs once, then scale is an input;
+    # explored first: the eager call revealed scale, the only trace takes it as input
+    assert runner.trace_count == (1 if explore_first else 2)
+
+
+@pytest.mark.parametrize("explore_first", [True, False])
+def test_undeclared_written_tensor_gets_concrete_value(explore_first):
+    counter = Tensor(data=np.float32(0), requires_grad=False)  # undeclared, written each step
+    runner = GraphRunner(explore_first=explore_first)
+    x, _ = batch(0)
+
+    def step(a):
+        counter.data = counter.data + a.data.shape[0]
+        return a
+
+    for _ in range(3):
+        runner.run(step, "f", (x,), {}, [], False)
+        assert not isinstance(counter.data, jax.core.Tracer)
+    assert float(counter.data) == 15.0
+
+
+@pytest.mark.parametrize("explore_first", [True, False])
+def test_lazily_created_slots_become_state(explore_first):
+    net, opt, runner = Net(dropout=False), MomentumSGD(), GraphRunner(explore_first=explore_first)
+    declared = list(net.get_states().values()) + tensors_in(opt)
+    x, y = batch(0)
+    runner.run(lambda a, b: train_one_batch(net, opt, a, b), "t", (x, y), {}, declared, True)
+    assert len(opt.moments) == 5
+    for m in opt.moments.values():  # concrete, not tracers, and non-zero after one step
+        assert isinstance(m.data, jax.Array) and not isinstance(m.data, jax.core.Tracer)
+        assert np.abs(np.asarray(m.data)).sum() > 0
+    assert {id(m) for m in opt.moments.values()} <= {id(t) for t in runner.discovered}
+    # the slots now carry momentum between steps: compare with eager from the same start
+    eager_net, eager_opt = Net(dropout=False), MomentumSGD()
+    train_one_batch(eager_net, eager_opt, x, y)
+    for s in range(1, 4):
+        xs, ys = batch(s)
+        runner.run(lambda a, b: train_one_batch(net, opt, a, b), "t", (xs, ys), {}, declared, True)
+        train_one_batch(eager_net, eager_opt, xs, ys)
+    for k, v in net.get_states().items():
+        np.testing.assert_allclose(np.asarray(v.data), np.asarray(eager_net.get_states()[k].data),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_results_are_concrete_pytrees():
+    net, runner = Net(dropout=False), GraphRunner()
+    x, _ = batch(0)
+
+    def step(a):
+        out = net.forward(a)
+        return {"out": out, "pair": [out, "tag"], "n": 3}
+
+    for _ in range(2):  # the second call runs the compiled program
+        res = runner.run(step, "f", (x,), {}, list(net.get_states().values()), True)
+    assert runner.trace_count == 1
+    assert res["n"] == 3 and res["pair"][1] == "tag"
+    assert isinstance(res["out"], Tensor) and not isinstance(res["out"].data, jax.core.Tracer)
+    assert isinstance(res["out"].creator, autograd.Dummy)
+    np.testing.assert_allclose(np.asarray(res["out"].data), np.asarray(res["pair"][0].data))
+
+
+def test_old_buffers_are_donated_and_aliases_handled():
+    net, opt, runner = Net(dropout=False), MomentumSGD(), GraphRunner()
+    w1_start = np.asarray(net.w1.data)
+    tied = Tensor(data=net.w1.data, stores_grad=True)  # the same buffer as w1, not trained
+    declared = list(net.get_states().values()) + [tied] + tensors_in(opt)
+    x, y = batch(0)
+    for _ in range(3):
+        old_b1 = net.b1.data
+        runner.run(lambda a, b: train_one_batch(net, opt, a, b), "t", (x, y), {}, declared, True)
+    assert runner.trace_count == 1
+    np.testing.assert_array_equal(np.asarray(tied.data), w1_start)  # copied, not donated
+    assert not np.allclose(np.asarray(net.w1.data), w1_start)
+    assert old_b1.is_deleted()  # the old buffer was donated to the program

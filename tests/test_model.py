@@ -1,0 +1,243 @@
+"""Model API: compile / train / eval / graph mode with real layers and optimizers.
+
+Graph mode (one compiled XLA program per step) must give eager mode's numbers to 1e-5 relative
+over many steps from the same seeds: losses, parameters, batch-norm statistics, optimizer state
+and the device's PRNG key.
+"""
+import jax
+import numpy as np
+import pytest
+
+from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax.graph import GraphModeError
+
+
+class MLP(model.Model):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = layer.Linear(12)
+        self.relu = layer.ReLU()
+        self.drop = layer.Dropout(0.3)
+        self.fc2 = layer.Linear(3)
+        self.loss = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        return self.fc2(self.drop(self.relu(self.fc1(x))))
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        self.optimizer(loss)
+        return out, loss
+
+
+class SmallCNN(model.Model):
+    def __init__(self):
+        super().__init__()
+        self.conv = layer.Conv2d(4, 3, padding=1, bias=False)  # BN cancels a bias
+        self.bn = layer.BatchNorm2d()
+        self.relu = layer.ReLU()
+        self.pool = layer.MaxPool2d(2, 2)
+        self.flatten = layer.Flatten()
+        self.fc = layer.Linear(3)
+        self.loss = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        y = self.pool(self.relu(self.bn(self.conv(x))))
+        return self.fc(self.flatten(y))
+
+    def train_one_batch(self, x, y, dist_option="plain"):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        if dist_option == "plain":  # a static (non-tensor) argument, as in SINGA's examples
+            self.optimizer(loss)
+        return out, loss
+
+
+MLP_IN, CNN_IN = (6, 5), (4, 2, 6, 6)
+
+
+def data(shape, step):
+    rng = np.random.default_rng(1000 + step)
+    x = tensor.from_numpy(rng.standard_normal(shape).astype(np.float32))
+    y = tensor.from_numpy(rng.integers(0, 3, shape[0]).astype(np.int32))
+    return x, y
+
+
+def build(cls, make_opt, use_graph, in_shape, seed=3):
+    device.get_default_device().SetRandSeed(seed)
+    m = cls()
+    m.set_optimizer(make_opt())
+    m.compile([tensor.Tensor(in_shape)], is_train=True, use_graph=use_graph)
+    return m
+
+
+def train(cls, make_opt, use_graph, in_shape, steps=8, sizes=None):
+    m = build(cls, make_opt, use_graph, in_shape)
+    losses = []
+    for s in range(steps):
+        shape = (sizes[s],) + in_shape[1:] if sizes else in_shape
+        out, loss = m(*data(shape, s))
+        assert isinstance(loss, tensor.Tensor)
+        losses.append(tensor.to_numpy(loss).item())
+    return m, np.array(losses)
+
+
+def snapshot(m):
+    states = {k: tensor.to_numpy(v) for k, v in m.get_states().items()}
+    states.update({f"opt/{k}": tensor.to_numpy(v) for k, v in m.optimizer.get_states().items()})
+    states["key"] = np.asarray(device.get_default_device().key)
+    return states
+
+
+def assert_same_states(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.fixture(autouse=True)
+def restore_training_flag():
+    prev = autograd.training
+    yield
+    autograd.training = prev
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda: opt.SGD(lr=0.1, momentum=0.9),
+    "sgd_decay_schedule": lambda: opt.SGD(lr=opt.ExponentialDecay(0.2, 2, 0.5), momentum=0.5,
+                                          weight_decay=1e-3),
+    "adam": lambda: opt.Adam(lr=0.01),
+    "rmsprop": lambda: opt.RMSProp(lr=0.01),
+    "adagrad": lambda: opt.AdaGrad(lr=0.05),
+}
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam"])
+def test_mlp_with_dropout_graph_equals_eager(name):
+    eager, le = train(MLP, OPTIMIZERS[name], False, MLP_IN)
+    graph, lg = train(MLP, OPTIMIZERS[name], True, MLP_IN)
+    np.testing.assert_allclose(lg, le, rtol=1e-5)
+    assert_same_states(snapshot(eager), snapshot(graph))
+    # the first step runs eagerly (revealing the optimizer's lazily created slots); the second
+    # compiles the whole step once and the program is reused from then on
+    assert graph._graph_runner.trace_count == 1
+    assert eager._graph_runner.trace_count == 0
+
+
+@pytest.mark.parametrize("name", ["sgd_decay_schedule", "adam", "rmsprop", "adagrad"])
+def test_cnn_with_batchnorm_graph_equals_eager(name):
+    steps = 5
+    eager, le = train(SmallCNN, OPTIMIZERS[name], False, CNN_IN, steps=steps)
+    graph, lg = train(SmallCNN, OPTIMIZERS[name], True, CNN_IN, steps=steps)
+    np.testing.assert_allclose(lg, le, rtol=1e-5)
+    a, b = snapshot(eager), snapshot(graph)
+    assert_same_states(a, b)
+    assert np.abs(b["bn.running_mean"]).sum() > 0  # statistics were really updated
+    assert b["opt/step_counter"].item() == steps
+    if name == "sgd_decay_schedule":  # the schedule advanced inside the compiled step
+        lr = tensor.to_numpy(graph.optimizer.lr_value).item()
+        np.testing.assert_allclose(lr, 0.2 * 0.5 ** (steps / 2), rtol=1e-6)
+
+
+def test_training_reduces_the_loss_in_graph_mode():
+    m = build(SmallCNN, OPTIMIZERS["adam"], True, CNN_IN)
+    x, y = data(CNN_IN, 0)
+    losses = [tensor.to_numpy(m(x, y)[1]).item() for _ in range(15)]
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_new_batch_size_retraces_and_old_programs_are_reused():
+    sizes = [4, 4, 6, 4, 6]
+    eager, le = train(SmallCNN, OPTIMIZERS["adam"], False, CNN_IN, steps=5, sizes=sizes)
+    graph, lg = train(SmallCNN, OPTIMIZERS["adam"], True, CNN_IN, steps=5, sizes=sizes)
+    np.testing.assert_allclose(lg, le, rtol=1e-5)
+    assert graph._graph_runner.trace_count == 2  # batch 4 (after the eager first step), 6
+
+
+def test_static_argument_is_part_of_the_program_key():
+    m = build(SmallCNN, OPTIMIZERS["adam"], True, CNN_IN)
+    x, y = data(CNN_IN, 0)
+    m(x, y, "plain")
+    m(x, y, "plain")
+    before = {k: tensor.to_numpy(v) for k, v in m.get_params().items()}
+    count = m._graph_runner.trace_count
+    m(x, y, "no_update")
+    assert m._graph_runner.trace_count == count + 1
+    for k, v in m.get_params().items():  # the other branch: parameters untouched
+        np.testing.assert_array_equal(before[k], tensor.to_numpy(v))
+
+
+def test_eval_after_train_is_compiled_and_uses_running_statistics():
+    eager, _ = train(SmallCNN, OPTIMIZERS["adam"], False, CNN_IN, steps=3)
+    graph, _ = train(SmallCNN, OPTIMIZERS["adam"], True, CNN_IN, steps=3)
+    eager.eval()
+    graph.eval()
+    assert autograd.training is False
+    x, _ = data(CNN_IN, 99)
+    before = snapshot(graph)
+    count = graph._graph_runner.trace_count
+    outs = [tensor.to_numpy(graph(x)) for _ in range(3)]  # eager first call, then compiled
+    out_eager = tensor.to_numpy(eager(x))
+    assert graph._graph_runner.trace_count == count + 1
+    for out in outs:
+        np.testing.assert_allclose(out, out_eager, rtol=1e-5, atol=1e-6)
+    after = snapshot(graph)
+    for k in before:  # evaluation changes no state, BN statistics included
+        np.testing.assert_array_equal(before[k], after[k], err_msg=k)
+    # back to training: the cached training program is reused
+    graph.train()
+    graph(*data(CNN_IN, 5))
+    assert graph._graph_runner.trace_count == count + 1
+
+
+def test_compile_initialises_without_touching_statistics():
+    m = build(SmallCNN, OPTIMIZERS["adam"], True, CNN_IN)
+    names = set(m.get_states())
+    assert {"conv.W", "fc.W", "fc.b", "bn.running_mean", "bn.running_var"} <= names
+    np.testing.assert_array_equal(tensor.to_numpy(m.get_states()["bn.running_mean"]), 0)
+    assert m.training and m.graph_mode and autograd.training
+    m2 = SmallCNN()
+    m2.compile([tensor.Tensor(CNN_IN)], is_train=False, use_graph=False, sequential=True)
+    assert not m2.training and not m2.graph_mode and m2.sequential and not autograd.training
+    with pytest.raises(TypeError, match="compile"):
+        m2.compile([np.zeros(CNN_IN)])
+
+
+class Branchy(MLP):
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        if tensor.to_numpy(loss).item() > 0:  # Python control flow on a tensor value
+            self.optimizer(loss)
+        return out, loss
+
+
+def test_value_dependent_control_flow_raises_clear_error():
+    m = build(Branchy, OPTIMIZERS["sgd_momentum"], True, MLP_IN)
+    m(*data(MLP_IN, 0))  # the first call runs eagerly; the error comes with the first trace
+    before = {k: tensor.to_numpy(v) for k, v in m.get_states().items()}
+    with pytest.raises(GraphModeError, match=r"Branchy\.train_one_batch.*use_graph=False"):
+        m(*data(MLP_IN, 0))
+    for k, v in m.get_states().items():
+        assert not isinstance(v.data, jax.core.Tracer)
+        np.testing.assert_array_equal(before[k], tensor.to_numpy(v))
+    m.graph(False)  # the suggested fix works
+    _, loss = m(*data(MLP_IN, 0))
+    assert np.isfinite(tensor.to_numpy(loss)).all()
+
+
+def test_graph_mode_needs_a_tensor_argument():
+    m = build(MLP, OPTIMIZERS["sgd_momentum"], True, MLP_IN)
+    with pytest.raises(ValueError, match="expects a Tensor"):
+        m.train_one_batch()
+
+
+def test_default_model_methods():
+    m = model.Model()
+    with pytest.raises(NotImplementedError):
+        m.forward(tensor.Tensor((2,)))
+    with pytest.raises(NotImplementedError):
+        m.graph(False) or m.train_one_batch(tensor.Tensor((2,)))
+    m.set_optimizer("anything")
+    assert m.optimizer == "anything"
