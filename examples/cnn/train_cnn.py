@@ -41,6 +41,8 @@ MODELS = {
 }
 DATASETS = ('mnist', 'cifar10', 'cifar100')
 
+# the default run (SINGA's cnn on the digits) passes 97% test accuracy after 3-4 epochs
+DEFAULT_EPOCHS = 10
 # --quick: epochs, train batches per epoch, evaluation batches, largest batch size
 QUICK_EPOCHS, QUICK_TRAIN_BATCHES, QUICK_EVAL_BATCHES, QUICK_BATCH = 3, 4, 2, 16
 
@@ -124,7 +126,6 @@ def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data,
     num_classes = int(np.max(train_y)) + 1
 
     if quick:
-        max_epoch = min(max_epoch, QUICK_EPOCHS)
         batch_size = min(batch_size, QUICK_BATCH)
     net = build_model(model, num_channels, num_classes, data_size, quick)
 
@@ -195,11 +196,12 @@ def parse_args(argv=None):
     parser.add_argument('data', nargs='?', choices=DATASETS, default='mnist')
     parser.add_argument('-p', choices=['float32', 'float16'], default='float32',
                         dest='precision')
-    parser.add_argument('-m', '--max-epoch', default=10, type=int, help='maximum epochs',
+    parser.add_argument('-m', '--max-epoch', default=None, type=int,
+                        help=f'maximum epochs (default {DEFAULT_EPOCHS}; {QUICK_EPOCHS} with --quick)',
                         dest='max_epoch')
     parser.add_argument('-b', '--batch-size', '--batch', default=64, type=int,
                         help='batch size', dest='batch_size')
-    parser.add_argument('-l', '--learning-rate', '--lr', default=0.005, type=float,
+    parser.add_argument('-l', '--learning-rate', '--lr', default=0.02, type=float,
                         help='initial learning rate', dest='lr')
     parser.add_argument('-i', '--device-id', default=0, type=int,
                         help='which device (of the default backend) to use', dest='device_id')
@@ -218,6 +220,8 @@ def parse_args(argv=None):
     parser.add_argument('--quick', action='store_true',
                         help='a few small batches on small inputs (for tests)')
     args = parser.parse_args(argv)
+    if args.max_epoch is None:
+        args.max_epoch = QUICK_EPOCHS if args.quick else DEFAULT_EPOCHS
     if args.checkpoint is None:
         args.checkpoint = os.path.join('checkpoints', f'{args.model}_{args.data}.zip')
     return args

@@ -138,7 +138,8 @@ def sample(net, data, dev, seed_text='The ', nsamples=100, use_max=False, rng=No
         prob = step(data.char_to_idx[c])
     text = seed_text
     for _ in range(nsamples):
-        prob = prob.astype(np.float64) / prob.sum()
+        prob = prob.astype(np.float64)
+        prob /= prob.sum()  # renormalise in float64: choice() checks the sum to 1e-8
         code = int(np.argmax(prob)) if use_max else int(rng.choice(data.vocab_size, p=prob))
         text += data.idx_to_char[code]
         prob = step(code)

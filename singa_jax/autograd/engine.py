@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import Counter, deque
+from functools import partial
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import jax
@@ -137,16 +138,23 @@ def infer_dependency(op: Operator) -> Tuple[Counter, Counter]:
     return op_count, tensor_count
 
 
+@partial(jax.jit, static_argnums=(1, 2))
+def fill_like(value, shape: Tuple[int, ...], dtype) -> jax.Array:
+    """``value`` (a number or array) broadcast to ``shape``/``dtype``, as one cached kernel: an
+    eager ``jnp`` call here would cost more than the op it feeds."""
+    return jnp.broadcast_to(jnp.asarray(value, dtype), shape)
+
+
 def _root_grad(y: Tensor, dy) -> jax.Array:
     """The gradient fed into ``y.creator``: ``dy`` (default 1.0) broadcast to y's shape."""
     if isinstance(dy, Tensor):
         dy = dy.data
     if dy is None:
         dy = 1.0
-    dtype = y.dtype if jnp.issubdtype(y.dtype, jnp.inexact) else jnp.float32
+    dtype = y.dtype if jnp.issubdtype(y.dtype, jnp.inexact) else jnp.dtype(jnp.float32)
     try:
-        return jnp.broadcast_to(jnp.asarray(dy, dtype), y.shape)
-    except ValueError as e:
+        return fill_like(dy, y.shape, dtype)
+    except (ValueError, TypeError) as e:
         raise ValueError(f"backward: dy of shape {jnp.shape(dy)} does not broadcast to y's shape "
                          f"{y.shape}") from e
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .engine import Operator, is_training
+from .engine import Operator, fill_like, is_training
 
 __all__ = ["Function", "run_kernel", "make_function"]
 
@@ -70,10 +70,9 @@ def _cotangent(dy, aval) -> Any:
     if not jnp.issubdtype(aval.dtype, jnp.inexact):
         return np.zeros(aval.shape, jax.dtypes.float0)
     if dy is None:
-        return jnp.zeros(aval.shape, aval.dtype)
-    dy = jnp.asarray(dy)
-    if dy.shape != aval.shape or dy.dtype != aval.dtype:
-        dy = jnp.broadcast_to(dy.astype(aval.dtype), aval.shape)
+        return fill_like(0.0, aval.shape, aval.dtype)
+    if getattr(dy, "shape", None) != aval.shape or dy.dtype != aval.dtype:
+        dy = fill_like(dy, aval.shape, aval.dtype)
     return dy
 
 
