@@ -49,7 +49,7 @@ import time
 import types
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import jax
@@ -57,6 +57,7 @@ import numpy as np
 
 from . import device as device_mod
 from . import tensor as tensor_mod
+from .autograd.engine import Dummy
 from .tensor import Tensor
 
 __all__ = ["GraphRunner", "GraphModeError", "tensors_in"]
@@ -78,6 +79,10 @@ def _is_tracer(x: Any) -> bool:
 def tensors_in(obj: Any) -> List[Tensor]:
     """Every Tensor reachable from ``obj`` through dicts, lists, tuples and objects' attributes
     (how graph mode finds an optimizer's state: slots, step counter, schedule values)."""
+    if isinstance(obj, dict):  # fast path: a flat {name: Tensor} dict (Optimizer.get_states)
+        values = list(obj.values())
+        if all(type(v) is Tensor for v in values):
+            return values
     seen: set = set()
     found: List[Tensor] = []
     stack = [obj]
@@ -170,7 +175,7 @@ class _Program:
     result_tree: Any                 # treedef of the method's result
     result_kinds: List[Tuple]        # per result leaf: ("T", tensor meta) | ("A",) | ("S", value)
     cacheable: bool                  # False when the trace revealed state it did not take as input
-    static_results: Dict[int, Any] = field(default_factory=dict)
+    checked: bool = False            # outputs verified free of tracers (first run)
 
 
 class GraphRunner:
@@ -180,7 +185,7 @@ class GraphRunner:
         self.owner_name = owner_name
         self.explore_first = explore_first
         self.programs: Dict[Hashable, _Program] = {}
-        self.discovered: List[Tensor] = []   # state found by the trace hook, in discovery order
+        self._discovered: List[weakref.ref] = []  # state found by the recorder (weakly held)
         self.explored: set = set()           # (method, training) pairs already run once
         self.trace_count = 0
         self.last_compile_seconds = 0.0
@@ -196,7 +201,7 @@ class GraphRunner:
         state = self._state_list(declared_state)
         devices = device_mod.all_devices()
         key = (name, bool(training), arg_tree, arg_sig,
-               tuple((id(t), t.shape, t.dtype) for t in state), tuple(id(d) for d in devices))
+               tuple([(id(t), t.shape, t.dtype) for t in state]), tuple(map(id, devices)))
         prog = self.programs.get(key)
         if prog is None and self.explore_first and (name, bool(training)) not in self.explored:
             self.explored.add((name, bool(training)))
@@ -204,21 +209,29 @@ class GraphRunner:
         if prog is None:
             prog = self._trace(fn, where, leaves, arg_tree, state, devices)
             if prog.cacheable:
+                # a program for older state (replaced tensors) of the same call is dead: drop
+                # it, and with it the references it holds
+                for old in [k for k in self.programs if k[:4] == key[:4]]:
+                    del self.programs[old]
                 self.programs[key] = prog
         return self._execute(prog, leaves, where)
 
     # -- state -------------------------------------------------------------------------------
     def _state_list(self, declared: Sequence[Tensor]) -> List[Tensor]:
-        state, seen = [], set()
-        for t in list(declared) + self.discovered:
-            if id(t) not in seen:
-                seen.add(id(t))
-                state.append(t)
-        return state
+        # declared first, then discovered; each Tensor once (in first-seen order)
+        return list({id(t): t for t in [*declared, *self.discovered]}.values())
+
+    @property
+    def discovered(self) -> List[Tensor]:
+        """The live Tensors the recorder added to the state, in discovery order."""
+        alive = [t for t in (r() for r in self._discovered) if t is not None]
+        if len(alive) != len(self._discovered):
+            self._discovered = [weakref.ref(t) for t in alive]
+        return alive
 
     def _discover(self, tensors: Sequence[Tensor]) -> None:
         known = {id(t) for t in self.discovered}
-        self.discovered.extend(t for t in tensors if id(t) not in known)
+        self._discovered.extend(weakref.ref(t) for t in tensors if id(t) not in known)
 
     # -- the first call: eager, recorded -------------------------------------------------------
     def _explore(self, fn: Callable, leaves: list, arg_tree, state: List[Tensor]) -> Any:
@@ -330,10 +343,17 @@ class GraphRunner:
         state_arrays = [t.data for t in prog.state]
         keys = [d.key for d in prog.devices]
         batch_arrays = [_leaf_array(x) for x in leaves if _is_traced_leaf(x)]
-        _unalias(state_arrays, keys, batch_arrays)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
-            new_state, new_keys, extra, res_arrays = prog.compiled(state_arrays, keys, batch_arrays)
+        _unalias(state_arrays, keys, batch_arrays, id)
+        try:
+            outputs = prog.compiled(state_arrays, keys, batch_arrays)
+        except jax.errors.JaxRuntimeError as e:
+            # two Tensors over one buffer that the cheap identity check missed (reading buffer
+            # pointers waits for pending work, so it is only done when XLA complains)
+            if "donate the same buffer" not in str(e):
+                raise
+            _unalias(state_arrays, keys, batch_arrays, _buffer_id)
+            outputs = prog.compiled(state_arrays, keys, batch_arrays)
+        new_state, new_keys, extra, res_arrays = outputs
         for t, a in zip(prog.state, new_state):
             t.data = a
         for d, k in zip(prog.devices, new_keys):
@@ -341,7 +361,9 @@ class GraphRunner:
         for t, a in zip(prog.extra_out, extra):
             t.data = a
             _detach(t)
-        _assert_no_tracers(prog, where)
+        if not prog.checked:  # outputs of a compiled program are concrete; check the first run
+            _assert_no_tracers(prog, where)
+            prog.checked = True
         return _build_result(prog, res_arrays)
 
 
@@ -372,8 +394,10 @@ def _result_outputs(res_leaves: list) -> Tuple[List[Tuple], list]:
     kinds, arrays = [], []
     for r in res_leaves:
         if isinstance(r, Tensor):
-            kinds.append(("T", r.device, r.requires_grad, r.stores_grad, r.name))
             arrays.append(r.data)
+            # every attribute of the traced result except its value and its traced graph
+            template = dict(vars(r), _data=None, creator=None)
+            kinds.append(("T", template))
         elif isinstance(r, jax.Array) or _is_tracer(r):
             kinds.append(("A",))
             arrays.append(r)
@@ -387,9 +411,13 @@ def _build_result(prog: _Program, arrays: list) -> Any:
     leaves = []
     for kind in prog.result_kinds:
         if kind[0] == "T":
-            _, dev, requires_grad, stores_grad, name = kind
-            leaves.append(Tensor(data=next(it), device=dev, requires_grad=requires_grad,
-                                 stores_grad=stores_grad, name=name))
+            # filling a bare Tensor from the template is much cheaper than Tensor(...), which
+            # re-places the array on its device; the array already is where the program put it
+            t = object.__new__(Tensor)
+            t.__dict__.update(kind[1])
+            t.data = next(it)
+            t.creator = Dummy(t)
+            leaves.append(t)
         elif kind[0] == "A":
             leaves.append(next(it))
         else:
@@ -397,15 +425,18 @@ def _build_result(prog: _Program, arrays: list) -> Any:
     return jax.tree_util.tree_unflatten(prog.result_tree, leaves)
 
 
-def _unalias(state_arrays: list, keys: list, batch_arrays: list) -> None:
+def _unalias(state_arrays: list, keys: list, batch_arrays: list, buffer_id: Callable) -> None:
     """Donated buffers must be distinct: copy a state array whose buffer another input also
     holds (tied weights, a Tensor built over another's array)."""
-    seen = {_buffer_id(a) for a in batch_arrays}
+    ids = [buffer_id(a) for a in state_arrays + keys + batch_arrays]
+    if len(set(ids)) == len(ids):
+        return  # the usual case: all distinct
+    seen = {buffer_id(a) for a in batch_arrays}
     for arrays in (state_arrays, keys):
         for i, a in enumerate(arrays):
-            if _buffer_id(a) in seen:
+            if buffer_id(a) in seen:
                 arrays[i] = a = a.copy()
-            seen.add(_buffer_id(a))
+            seen.add(buffer_id(a))
 
 
 def _buffer_id(a) -> int:
@@ -418,7 +449,6 @@ def _buffer_id(a) -> int:
 def _detach(t: Tensor) -> None:
     """A Tensor created during the trace keeps no traced autograd graph (like SINGA's
     remove_creator after buffering)."""
-    from .autograd.engine import Dummy
     if not isinstance(t.creator, Dummy):
         t.creator = Dummy(t)
 

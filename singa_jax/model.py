@@ -184,7 +184,10 @@ class Model(Layer, metaclass=ModelMeta):
         declared = list(self.get_states().values())
         if self.training:
             for optimizer in self._optimizers():
-                declared += tensors_in(optimizer)
+                # the Tensors an optimizer may REPLACE (slots, step counter; set_states makes new
+                # ones) must be declared so that a replacement retraces; the ones it only rebinds
+                # (lr_value, ...) are found by the first, recorded call
+                declared += tensors_in(optimizer.get_states())
 
         def step(*a, **k):
             return func(self, *a, **k)

@@ -7,3 +7,13 @@ import pytest
 def rng() -> np.random.Generator:
     """A NumPy generator with a fixed seed, for reproducible random test inputs."""
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def training_mode():
+    """Run a test with ``autograd.training = True`` and restore the flag afterwards."""
+    from singa_jax import autograd
+    saved = autograd.training
+    autograd.training = True
+    yield
+    autograd.training = saved

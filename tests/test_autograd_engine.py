@@ -15,12 +15,7 @@ from singa_jax.autograd import Operator
 from singa_jax.tensor import Tensor
 
 
-@pytest.fixture(autouse=True)
-def training_mode():
-    saved = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = saved
+pytestmark = pytest.mark.usefixtures("training_mode")
 
 
 def _t(a, **kw) -> Tensor:

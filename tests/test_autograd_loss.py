@@ -6,12 +6,7 @@ from singa_jax import autograd
 from singa_jax.tensor import Tensor
 
 
-@pytest.fixture(autouse=True)
-def training_mode():
-    saved = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = saved
+pytestmark = pytest.mark.usefixtures("training_mode")
 
 
 def leaf(a, grad=True):

@@ -11,12 +11,7 @@ from singa_jax.autograd import nn
 from singa_jax.tensor import Tensor
 
 
-@pytest.fixture(autouse=True)
-def training_mode():
-    saved = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = saved
+pytestmark = pytest.mark.usefixtures("training_mode")
 
 
 def rand(rng, *shape, scale=1.0):

@@ -18,12 +18,7 @@ from singa_jax import autograd, tensor
 from singa_jax.tensor import Tensor
 
 
-@pytest.fixture(autouse=True)
-def training_mode():
-    saved = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = saved
+pytestmark = pytest.mark.usefixtures("training_mode")
 
 
 # --- input domains: keep away from kinks and outside the op's domain -----------------------

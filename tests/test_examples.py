@@ -85,3 +85,40 @@ def test_gan(tmp_path, script):
     # the discriminator learns to tell digits from the untrained generator's noise
     assert_falls(history['d_loss'], script + ' discriminator')
     assert any(name.endswith('.pgm') for name in os.listdir(tmp_path))
+
+
+def test_gan_steps_update_only_their_own_half():
+    """The generator step must leave the discriminator's parameters alone and vice versa."""
+    sys.path.insert(0, os.path.join(EXAMPLES, 'gan'))
+    try:
+        from model import gan_mlp
+        from singa_jax import device, opt, tensor
+
+        device.get_default_device().SetRandSeed(0)
+        net = gan_mlp.create_model(noise_size=4, feature_size=16, hidden_size=32)
+        net.set_optimizer(opt.Adam(lr=0.01))
+        noise = tensor.Tensor((2, 4))
+        noise.uniform(-1, 1)
+        images = tensor.Tensor((2, 16))
+        images.uniform(0, 1)
+        target = tensor.Tensor((2, 1))
+        target.set_value(1.0)
+        net.compile([noise], is_train=True, use_graph=False, sequential=True)
+        net.forward_dis(images)
+        net.train()
+
+        def changed_by(step, *args):
+            before = {k: tensor.to_numpy(v).copy() for k, v in net.get_params().items()}
+            step(*args)
+            return sorted(k for k, v in net.get_params().items()
+                          if not np.allclose(before[k], tensor.to_numpy(v)))
+
+        generator = sorted(k for k in net.get_params() if k.startswith('gen_net'))
+        discriminator = sorted(k for k in net.get_params() if k.startswith('dis_net'))
+        assert generator and discriminator
+        assert changed_by(net.train_one_batch, noise, target) == generator
+        assert changed_by(net.train_one_batch_dis, images, target) == discriminator
+    finally:
+        sys.path.remove(os.path.join(EXAMPLES, 'gan'))
+        for name in [n for n, m in sys.modules.items() if _from_examples(m)]:
+            del sys.modules[name]

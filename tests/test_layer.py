@@ -11,12 +11,7 @@ from singa_jax import autograd, layer
 from singa_jax.tensor import Tensor
 
 
-@pytest.fixture(autouse=True)
-def training_mode():
-    prev = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = prev
+pytestmark = pytest.mark.usefixtures("training_mode")  # autograd.training = True (conftest)
 
 
 def T(a, **kw) -> Tensor:
@@ -53,21 +48,22 @@ def check_forward_and_grads(lay, inputs, ref, rng, atol=1e-4):
 
 
 # --- references ---------------------------------------------------------------------------------
-def conv_ref(x, W, b, stride, pads, group):
+def conv_ref(x, W, b, stride, pads, group, dilation=1):
     """Direct convolution: pad, then sum over kernel offsets of strided slices (per group)."""
     (top, bottom), (left, right) = pads
     x = jnp.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
     n, c, h, w = x.shape
     o, cg, kh, kw = W.shape
-    oh, ow = (h - kh) // stride[0] + 1, (w - kw) // stride[1] + 1
+    d = dilation
+    oh, ow = (h - d * (kh - 1) - 1) // stride[0] + 1, (w - d * (kw - 1) - 1) // stride[1] + 1
     outs = []
     for g in range(group):
         xg, Wg = x[:, g * cg:(g + 1) * cg], W[g * (o // group):(g + 1) * (o // group)]
         acc = 0.0
         for i in range(kh):
             for j in range(kw):
-                patch = xg[:, :, i:i + stride[0] * (oh - 1) + 1:stride[0],
-                           j:j + stride[1] * (ow - 1) + 1:stride[1]]
+                patch = xg[:, :, d * i:d * i + stride[0] * (oh - 1) + 1:stride[0],
+                           d * j:d * j + stride[1] * (ow - 1) + 1:stride[1]]
                 acc = acc + jnp.einsum("nchw,oc->nohw", patch, Wg[:, :, i, j])
         outs.append(acc)
     y = jnp.concatenate(outs, axis=1)
@@ -107,7 +103,7 @@ def test_linear(ctor, rng):
 
 def test_linear_init_statistics():
     lin = layer.Linear(300)
-    lin(T(np.zeros((1, 200))))
+    lin.initialize(T(np.zeros((1, 200))))
     w = np.asarray(lin.W.data)
     assert w.std() == pytest.approx(np.sqrt(2.0 / 500), rel=0.05)
     np.testing.assert_array_equal(np.asarray(lin.b.data), 0)
@@ -142,7 +138,7 @@ def test_embedding(rng):
     np.testing.assert_array_equal(np.asarray(frozen(idx).data), table[np.array([[0, 2], [5, 2]])])
     assert not frozen.W.requires_grad and not frozen.W.stores_grad
     uni = layer.Embedding(50, 40, initializer="uniform")
-    uni(idx)
+    uni.initialize(idx)
     w = np.asarray(uni.W.data)
     assert w.min() >= -1 and w.max() <= 1 and w.std() == pytest.approx(1 / np.sqrt(3), rel=0.1)
 
@@ -155,6 +151,7 @@ CONV_CASES = [
     (dict(pad_mode="SAME_UPPER", stride=2), (6, 5), ((0, 1), (1, 1))),
     (dict(pad_mode="SAME_LOWER", stride=2), (6, 5), ((1, 0), (1, 1))),
     (dict(padding=1, group=2, bias=False), (5, 5), ((1, 1), (1, 1))),
+    (dict(padding=2, dilation=2), (5, 5), ((2, 2), (2, 2))),  # SINGA rejects dilation != 1
 ]
 
 
@@ -168,21 +165,23 @@ def test_conv2d(kwargs, hw, pads, rng):
     assert (conv.b is None) == (not kwargs.get("bias", True))
     set_random_params(conv, rng)
     stride = (kwargs.get("stride", 1),) * 2
-    y = check_forward_and_grads(
-        conv, [x], lambda p, x: conv_ref(x, p["W"], p.get("b"), stride, pads, group), rng)
+    dilation = kwargs.get("dilation", 1)
+    y = check_forward_and_grads(conv, [x], lambda p, x: conv_ref(
+        x, p["W"], p.get("b"), stride, pads, group, dilation), rng)
     if "pad_mode" in kwargs:  # SAME: out = ceil(in / stride)
         assert y.shape[2:] == tuple(-(-n // 2) for n in hw)
 
 
 def test_conv2d_relu_old_signature_and_init(rng):
-    conv = layer.Conv2d(4, 6, 3, 1, 1, activation="RELU")  # Conv2d(in, out, k, stride, pad)
+    conv = layer.Conv2d(4, 4, 3, 1, 1, activation="RELU")  # Conv2d(in, out, k, stride, pad)
     x = T(randn(rng, 2, 4, 5, 5))
     conv(x)
     set_random_params(conv, rng)
     check_forward_and_grads(conv, [x], lambda p, x: jax.nn.relu(
         conv_ref(x, p["W"], p["b"], (1, 1), ((1, 1), (1, 1)), 1)), rng)
     big = layer.Conv2d(64, 3)
-    big(T(np.zeros((1, 32, 3, 3))))
+    big.initialize(T(np.zeros((1, 32, 3, 3))))  # parameters only, no forward
+    assert big._initialized
     assert np.asarray(big.W.data).std() == pytest.approx(np.sqrt(2 / (32 * 9 + 64)), rel=0.05)
 
 
@@ -254,6 +253,11 @@ def test_pooling(ctor, k, s, pads, is_max, rng):
     x = randn(rng, 2, 3, 6, 6)
     y = pool(T(x))
     np.testing.assert_allclose(np.asarray(y.data), pool_ref(x, k, s, pads, is_max), atol=1e-5)
+
+
+def test_valid_pad_mode(rng):
+    conv = layer.Conv2d(2, 3, padding=1, pad_mode="VALID")  # VALID ignores the padding
+    assert conv(T(randn(rng, 1, 2, 5, 5))).shape == (1, 2, 3, 3)
 
 
 def test_pooling_same_padding(rng):
@@ -583,6 +587,20 @@ def test_bad_input_shapes_name_layer_and_shapes():
     rnn = layer.RNN(3, 4)
     with pytest.raises(ValueError, match=r"RNN.*\(2, 3\).*\(2, 5\)"):
         rnn([T(np.zeros((2, 5)))], T(np.zeros((2, 4))))
+    gemm = layer.Gemm(2)
+    gemm(T(np.zeros((2, 4))))
+    with pytest.raises(ValueError, match=r"Gemm.*4.*\(2, 3\)"):
+        gemm(T(np.zeros((2, 3))))
+    cud = layer.CudnnRNN(2, rnn_mode="relu")
+    cud(T(np.zeros((1, 2, 3))))
+    with pytest.raises(ValueError, match=r"CudnnRNN.*3.*\(1, 2, 4\)"):
+        cud(T(np.zeros((1, 2, 4))))
+    with pytest.raises(ValueError, match="initial state"):
+        rnn([T(np.zeros((2, 3)))], T(np.zeros((1, 4))))
+    with pytest.raises(TypeError, match="list of Tensors"):
+        rnn(T(np.zeros((2, 3))), T(np.zeros((2, 4))))
+    with pytest.raises(TypeError, match="padding"):
+        layer.Conv2d(3, 3, padding=(1, 2, 3))
     with pytest.raises(ValueError, match="group"):
         layer.Conv2d(3, 3, group=2)
     with pytest.raises(ValueError, match="in_channels"):

@@ -47,7 +47,7 @@ class Net(autograd.Layer):
         super().__init__()
         self.conv1 = autograd.Conv2d(2, 4, 3, 1, 1, bias=False)
         self.bn1 = autograd.BatchNorm2d(4)
-        self.block1 = Block(4, 6, 2)
+        self.block1 = Block(4, 6, 1)
         self.pool = autograd.MaxPool2d(2, 2)
         self.fc = autograd.Linear(6 * 2 * 2, 3)
 
@@ -57,7 +57,7 @@ class Net(autograd.Layer):
         return self.fc(autograd.flatten(y))
 
 
-def test_residual_block_network_trains(rng):
+def test_residual_block_network_trains(rng, training_mode):
     x = T(rng.standard_normal((8, 2, 4, 4)))
     labels = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 8)]
     net = Net()
@@ -67,21 +67,17 @@ def test_residual_block_network_trains(rng):
     assert net.block1.get_params() == {"skip": {"W": net.block1.skip.W},
                                        "skipbn": {"scale": net.block1.skipbn.scale,
                                                   "bias": net.block1.skipbn.bias}}
-    autograd.training = True
-    try:
-        losses = []
-        for _ in range(12):
-            loss = autograd.softmax_cross_entropy(net(x), T(labels))
-            losses.append(np.asarray(loss.data).item())
-            seen = 0
-            for p, g in autograd.backward(loss):
-                p.data = p.data - 0.1 * g.data
-                seen += 1
-        # every parameter of the list-held layers was found: 2 convs, 2 BN (2 each), 2 reps x
-        # (separable conv: 2 W + BN: 2), skip W + skip BN (2), fc (2)
-        assert seen == 1 + 2 + 2 * 4 + 1 + 2 + 2
-    finally:
-        autograd.training = False
+    losses = []
+    for _ in range(12):
+        loss = autograd.softmax_cross_entropy(net(x), T(labels))
+        losses.append(np.asarray(loss.data).item())
+        seen = 0
+        for p, g in autograd.backward(loss):  # hand-written SGD step
+            p.data = p.data - 0.1 * g.data
+            seen += 1
+        # every parameter was found, also those of the list-held layers: conv1 W, bn1 (2),
+        # separable conv (2 W) + its BN (2), skip W + skip BN (2), fc (2)
+        assert seen == 1 + 2 + 4 + 1 + 2 + 2
     assert losses[-1] < 0.5 * losses[0]
 
 
@@ -151,3 +147,23 @@ def test_legacy_pools_and_recurrent_layers(rng):
     assert isinstance(autograd.RNN_Base(), autograd.Layer)
     with pytest.raises(NotImplementedError):
         autograd.RNN_Base().step_forward()
+
+
+def test_legacy_layers_inside_a_modern_network(rng):
+    class Modern(layer.Layer):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = autograd.Linear(4, 3)
+            self.fc2 = autograd.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc2(self.fc1(x))
+
+    net = Modern()
+    assert set(net.get_params()) == {"fc1.W", "fc1.b", "fc2.W", "fc2.b"}
+    values = {k: rng.standard_normal(v.shape).astype(np.float32)
+              for k, v in net.get_params().items()}
+    net.set_states(values)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    expected = (x @ values["fc1.W"] + values["fc1.b"]) @ values["fc2.W"] + values["fc2.b"]
+    np.testing.assert_allclose(np.asarray(net(T(x)).data), expected, rtol=1e-5, atol=1e-5)

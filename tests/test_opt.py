@@ -21,12 +21,7 @@ B0 = (0.1 * RNG.standard_normal(2)).astype(np.float32)
 STEPS = 6
 
 
-@pytest.fixture(autouse=True)
-def training_mode():
-    prev = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = prev
+pytestmark = pytest.mark.usefixtures("training_mode")
 
 
 def make_params(w=W0, b=B0, names=("W", "b")):

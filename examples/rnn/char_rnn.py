@@ -19,7 +19,7 @@ from common.training import (Progress, load_checkpoint, pick_device,  # noqa: E4
 from singa_jax import autograd, layer, model, opt, tensor  # noqa: E402
 
 DEFAULT_TEXT = os.path.join(HERE, 'data', 'lighthouse.txt')
-QUICK = dict(batch_size=8, seq_length=8, hidden_size=32, max_epoch=2, batches=6)
+QUICK = dict(batch_size=8, seq_length=6, hidden_size=16, max_epoch=2, batches=6)
 
 
 class CharRNN(model.Model):
@@ -219,7 +219,7 @@ def main(argv=None):
     return train(data, sizes['max_epoch'], hidden_size=sizes['hidden_size'],
                  seq_length=sizes['seq_length'], batch_size=sizes['batch_size'], lr=args.lr,
                  graph=args.graph, checkpoint=args.checkpoint, resume=args.resume,
-                 max_batches=sizes['batches'], nsamples=20 if args.quick else 200)
+                 max_batches=sizes['batches'], nsamples=5 if args.quick else 200)
 
 
 if __name__ == '__main__':

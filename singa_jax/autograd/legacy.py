@@ -46,7 +46,12 @@ class Layer(object):
                 if isinstance(self.__dict__.get(n), Tensor)}
 
     def get_params(self) -> Dict[str, Any]:
-        """``{attribute: Tensor}`` of this layer, and ``{attribute: sublayer.get_params()}``."""
+        """``{attribute: Tensor}`` of this layer, and ``{attribute: sublayer.get_params()}``.
+        Inside a modern network (a non-legacy parent) it answers like a modern layer instead:
+        ``{hierarchical name: Tensor}``, so the parent's get_params/get_states stay flat."""
+        parent = self.__dict__.get("_parent")
+        if isinstance(parent, _layer.Layer) and not isinstance(parent, Layer):
+            return _layer.Layer.get_params(self)
         params: Dict[str, Any] = dict(self._own_params())
         for name, sublayer in self.find_sublayers():
             params[name] = sublayer.get_params()

@@ -11,9 +11,3 @@ from .rnn import *  # noqa: F401,F403
 from . import core as _core, conv as _conv, rnn as _rnn
 
 __all__ = ["Layer", "LayerMeta"] + _core.__all__ + _conv.__all__ + _rnn.__all__
-
-# Load autograd's legacy layer classes (autograd.Linear, autograd.Layer, ...) now: they are
-# defined on top of this module. importlib avoids a `from ... import` on the autograd package.
-import importlib as _importlib
-
-_importlib.import_module("singa_jax.autograd.legacy")

@@ -118,9 +118,11 @@ def assign_values(owner: str, what: str, targets: Dict[str, Tensor], values: Any
                         f"{type(values).__name__}")
     unknown = [k for k in values if k not in targets]
     if unknown:
+        known = sorted(targets)
+        listed = ", ".join(known[:12]) + (f", ... ({len(known)} in all)" if len(known) > 12 else "")
         raise ValueError(f"{owner}.{what}: unknown name(s) {sorted(map(str, unknown))}; this layer "
-                         f"has {sorted(targets)} (is every sublayer initialised? call the model "
-                         f"once, or compile it, before setting its values)")
+                         f"has [{listed}] (is every sublayer initialised? call the model once, "
+                         f"or compile it, before setting its values)")
     staged = []
     for name, value in values.items():
         arr = _as_array(value)
@@ -215,9 +217,6 @@ class Layer(object, metaclass=LayerMeta):
         if self.__dict__.get("name") and self.__dict__.get("_parent") is not None:
             return self.name + Layer.sep
         return ""
-
-    def _has_layer_param(self, layer: "Layer", names: Iterable[str]) -> bool:
-        return any(n.startswith(layer.name) for n in names)
 
     def __getattr__(self, name: str):
         layers = self.__dict__.get("_layers")
