@@ -10,7 +10,9 @@ reported, so a noisy shared machine affects every variant alike. Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 from functools import partial
 from typing import Callable, Dict, List
@@ -24,51 +26,24 @@ from singa_jax import device, layer, model, opt, tensor
 LR, MOMENTUM = 0.05, 0.9
 
 
-# --- the networks, SINGA style ------------------------------------------------------------------
-class MLP(model.Model):
+# --- the networks, SINGA style: the examples' own model classes ---------------------------------
+_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+sys.path[:0] = [os.path.join(_EXAMPLES, "cnn"), _EXAMPLES]
+from common.classifier import Classifier  # noqa: E402  (softmax cross-entropy train_one_batch)
+from model.cnn import CNN  # noqa: E402  (SINGA's examples/cnn/model/cnn.py, LeNet-style)
+
+
+class MLP(Classifier):
+    """784-256-10 with ReLU, trained like every example classifier."""
+
     def __init__(self, hidden=256, num_classes=10):
-        super().__init__()
+        super().__init__(num_classes=num_classes, input_size=784, dimension=2)
         self.linear1 = layer.Linear(hidden)
         self.relu = layer.ReLU()
         self.linear2 = layer.Linear(num_classes)
-        self.softmax_cross_entropy = layer.SoftMaxCrossEntropy()
 
     def forward(self, x):
         return self.linear2(self.relu(self.linear1(x)))
-
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.softmax_cross_entropy(out, y)
-        self.optimizer(loss)
-        return out, loss
-
-
-class CNN(model.Model):
-    """SINGA's examples/cnn/model/cnn.py (LeNet-style)."""
-
-    def __init__(self, num_classes=10, num_channels=1):
-        super().__init__()
-        self.conv1 = layer.Conv2d(num_channels, 20, 5, padding=0, activation="RELU")
-        self.conv2 = layer.Conv2d(20, 50, 5, padding=0, activation="RELU")
-        self.linear1 = layer.Linear(500)
-        self.linear2 = layer.Linear(num_classes)
-        self.pooling1 = layer.MaxPool2d(2, 2, padding=0)
-        self.pooling2 = layer.MaxPool2d(2, 2, padding=0)
-        self.relu = layer.ReLU()
-        self.flatten = layer.Flatten()
-        self.softmax_cross_entropy = layer.SoftMaxCrossEntropy()
-
-    def forward(self, x):
-        y = self.pooling1(self.conv1(x))
-        y = self.pooling2(self.conv2(y))
-        y = self.relu(self.linear1(self.flatten(y)))
-        return self.linear2(y)
-
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.softmax_cross_entropy(out, y)
-        self.optimizer(loss)
-        return out, loss
 
 
 # --- the same networks, hand-written in JAX ------------------------------------------------------
@@ -117,7 +92,7 @@ def jax_params(net: model.Model, names: List[str]):
     return [jnp.array(states[n].data) for n in names]
 
 
-# --- PyTorch, when installed -----------------------------------------------------------------------
+# --- PyTorch, when installed ---------------------------------------------------------------
 def torch_step_fn(kind: str, batch: int):
     try:
         import torch
@@ -144,7 +119,7 @@ def torch_step_fn(kind: str, batch: int):
     return step
 
 
-# --- timing ----------------------------------------------------------------------------------------
+# --- timing --------------------------------------------------------------------------------
 def build(kind: str, batch: int, use_graph: bool, seed: int = 0):
     device.get_default_device().SetRandSeed(seed)
     net = MLP() if kind == "mlp" else CNN()

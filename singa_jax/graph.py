@@ -50,7 +50,7 @@ import types
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -70,6 +70,10 @@ _CONCRETE_VALUE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerB
 
 class GraphModeError(TypeError):
     """The step cannot be compiled as one program (it branches on a tensor's value)."""
+
+
+class _InputsChanged(Exception):
+    """A cached program's inputs no longer have the shapes/dtypes it was compiled for."""
 
 
 def _is_tracer(x: Any) -> bool:
@@ -150,7 +154,7 @@ def _is_tensor(x: Any) -> bool:
     return isinstance(x, Tensor)
 
 
-def _leaf_signature(leaf: Any, where: str) -> Hashable:
+def _leaf_signature(leaf: Any, owner: str, method: str) -> Hashable:
     if isinstance(leaf, Tensor):
         return ("T", leaf.shape, leaf.dtype, leaf.requires_grad, leaf.stores_grad, id(leaf.device))
     if isinstance(leaf, (jax.Array, np.ndarray)):
@@ -158,7 +162,7 @@ def _leaf_signature(leaf: Any, where: str) -> Hashable:
     try:
         hash(leaf)
     except TypeError:
-        raise TypeError(f"graph mode: {where} has a non-tensor argument of type "
+        raise TypeError(f"graph mode: {owner}.{method} has a non-tensor argument of type "
                         f"{type(leaf).__name__} that is not hashable; non-tensor arguments are "
                         f"compiled in as constants and must be hashable (use tuples, not sets or "
                         f"arrays)") from None
@@ -173,8 +177,9 @@ class _Program:
     devices: List[device_mod.Device]  # whose keys are inputs and outputs
     extra_out: List[Tensor]          # outputs only: undeclared written / created-alive tensors
     result_tree: Any                 # treedef of the method's result
-    result_kinds: List[Tuple]        # per result leaf: ("T", tensor meta) | ("A",) | ("S", value)
+    result_kinds: List[Tuple]        # per result leaf: ("T", attributes) | ("A",) | ("S", value)
     cacheable: bool                  # False when the trace revealed state it did not take as input
+    where: str                       # "Model.method", for messages
     checked: bool = False            # outputs verified free of tracers (first run)
 
 
@@ -196,25 +201,31 @@ class GraphRunner:
             declared_state: Sequence[Tensor], training: bool) -> Any:
         """Run ``fn(*args, **kwargs)`` as one compiled program; see the module docstring."""
         leaves, arg_tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
-        where = f"{self.owner_name}.{name}"
-        arg_sig = tuple(_leaf_signature(leaf, where) for leaf in leaves)
-        state = self._state_list(declared_state)
+        arg_sig = tuple([_leaf_signature(leaf, self.owner_name, name) for leaf in leaves])
         devices = device_mod.all_devices()
-        key = (name, bool(training), arg_tree, arg_sig,
-               tuple([(id(t), t.shape, t.dtype) for t in state]), tuple(map(id, devices)))
+        # State tensors enter the key by identity only (this is the per-step fast path): if one
+        # was rebound to another shape or dtype, the compiled call itself refuses the inputs,
+        # before anything is donated, and the step is traced again.
+        key = (name, bool(training), arg_tree, arg_sig, tuple(map(id, declared_state)),
+               tuple(map(id, devices)))
         prog = self.programs.get(key)
-        if prog is None and self.explore_first and (name, bool(training)) not in self.explored:
+        if prog is not None:
+            try:
+                return self._execute(prog, leaves)
+            except _InputsChanged:
+                del self.programs[key]
+        state = self._state_list(declared_state)
+        if self.explore_first and (name, bool(training)) not in self.explored:
             self.explored.add((name, bool(training)))
             return self._explore(fn, leaves, arg_tree, state)
-        if prog is None:
-            prog = self._trace(fn, where, leaves, arg_tree, state, devices)
-            if prog.cacheable:
-                # a program for older state (replaced tensors) of the same call is dead: drop
-                # it, and with it the references it holds
-                for old in [k for k in self.programs if k[:4] == key[:4]]:
-                    del self.programs[old]
-                self.programs[key] = prog
-        return self._execute(prog, leaves, where)
+        prog = self._trace(fn, f"{self.owner_name}.{name}", leaves, arg_tree, state, devices)
+        if prog.cacheable:
+            # a program for older state (replaced tensors) of the same call is dead: drop it,
+            # and with it the references it holds
+            for old in [k for k in self.programs if k[:4] == key[:4]]:
+                del self.programs[old]
+            self.programs[key] = prog
+        return self._execute(prog, leaves)
 
     # -- state -------------------------------------------------------------------------------
     def _state_list(self, declared: Sequence[Tensor]) -> List[Tensor]:
@@ -231,7 +242,10 @@ class GraphRunner:
 
     def _discover(self, tensors: Sequence[Tensor]) -> None:
         known = {id(t) for t in self.discovered}
-        self._discovered.extend(weakref.ref(t) for t in tensors if id(t) not in known)
+        new = [t for t in tensors if id(t) not in known]
+        if new:
+            self._discovered.extend(weakref.ref(t) for t in new)
+            self.programs.clear()  # none of them takes the new state as input
 
     # -- the first call: eager, recorded -------------------------------------------------------
     def _explore(self, fn: Callable, leaves: list, arg_tree, state: List[Tensor]) -> Any:
@@ -325,7 +339,7 @@ class GraphRunner:
         self._discover(new_state)
         return _Program(compiled=compiled, state=list(state), devices=list(devices),
                         extra_out=record["extra"], result_tree=record["tree"],
-                        result_kinds=record["kinds"], cacheable=not new_state)
+                        result_kinds=record["kinds"], cacheable=not new_state, where=where)
 
     @staticmethod
     def _undo_trace(state, originals, devices, original_keys, recorder: _Recorder) -> None:
@@ -335,17 +349,21 @@ class GraphRunner:
         for d, k in zip(devices, original_keys):
             d.key = k
         for t in list(recorder.undeclared_written.values()) + recorder.alive_created(set()):
-            if _is_tracer(t._data):  # value was never computed: fall back to zeros
+            if _is_tracer(t.data):  # value was never computed: fall back to zeros
                 t.data = jax.numpy.zeros(t.shape, t.dtype)
 
     # -- running -----------------------------------------------------------------------------
-    def _execute(self, prog: _Program, leaves: list, where: str) -> Any:
+    def _execute(self, prog: _Program, leaves: list) -> Any:
         state_arrays = [t.data for t in prog.state]
         keys = [d.key for d in prog.devices]
         batch_arrays = [_leaf_array(x) for x in leaves if _is_traced_leaf(x)]
         _unalias(state_arrays, keys, batch_arrays, id)
         try:
             outputs = prog.compiled(state_arrays, keys, batch_arrays)
+        except TypeError as e:
+            if "compiled" in str(e):  # a state tensor's shape/dtype changed since the trace
+                raise _InputsChanged() from e
+            raise
         except jax.errors.JaxRuntimeError as e:
             # two Tensors over one buffer that the cheap identity check missed (reading buffer
             # pointers waits for pending work, so it is only done when XLA complains)
@@ -362,7 +380,7 @@ class GraphRunner:
             t.data = a
             _detach(t)
         if not prog.checked:  # outputs of a compiled program are concrete; check the first run
-            _assert_no_tracers(prog, where)
+            _assert_no_tracers(prog)
             prog.checked = True
         return _build_result(prog, res_arrays)
 
@@ -453,9 +471,9 @@ def _detach(t: Tensor) -> None:
         t.creator = Dummy(t)
 
 
-def _assert_no_tracers(prog: _Program, where: str) -> None:
-    leaked = [t.name for t in prog.state + prog.extra_out if _is_tracer(t._data)]
+def _assert_no_tracers(prog: _Program) -> None:
+    leaked = [t.name for t in prog.state + prog.extra_out if _is_tracer(t.data)]
     leaked += [repr(d) for d in prog.devices if _is_tracer(d.key)]
     if leaked:
-        raise RuntimeError(f"graph mode: {where} left traced values in {leaked}; this is a bug "
-                           f"in singa_jax's graph mode")
+        raise RuntimeError(f"graph mode: {prog.where} left traced values in {leaked}; this is a "
+                           f"bug in singa_jax's graph mode")

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # examples/: common, mlp
 sys.path.insert(0, HERE)  # examples/cnn: model, data
 from common.digits import resize_images  # noqa: E402
 from common.training import (Progress, accuracy, load_checkpoint, pick_device,  # noqa: E402
-                             save_checkpoint)
+                             save_checkpoint, scalar)
 from singa_jax import opt, tensor  # noqa: E402
 
 np_dtype = {"float16": np.float16, "float32": np.float32}
@@ -43,6 +43,8 @@ DATASETS = ('mnist', 'cifar10', 'cifar100')
 
 # the default run (SINGA's cnn on the digits) passes 97% test accuracy after 3-4 epochs
 DEFAULT_EPOCHS = 10
+# SINGA's default learning rate suits the deep models; the small ones learn the digits faster
+SINGA_LR, FAST_LR = 0.005, 0.02
 # --quick: epochs, train batches per epoch, evaluation batches, largest batch size
 QUICK_EPOCHS, QUICK_TRAIN_BATCHES, QUICK_EVAL_BATCHES, QUICK_BATCH = 3, 4, 2, 16
 
@@ -167,7 +169,7 @@ def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data,
             tx.copy_from_numpy(prepare(x, net, precision))
             ty.copy_from_numpy(train_y[batch])
             out, loss = net(tx, ty, dist_option, spars)
-            loss_value = float(tensor.to_numpy(loss).reshape(-1)[0])
+            loss_value = scalar(loss)
             history['losses'].append(loss_value)
             bar.update(loss_value, accuracy(tensor.to_numpy(out), train_y[batch]))
         bar.close()
@@ -197,12 +199,14 @@ def parse_args(argv=None):
     parser.add_argument('-p', choices=['float32', 'float16'], default='float32',
                         dest='precision')
     parser.add_argument('-m', '--max-epoch', default=None, type=int,
-                        help=f'maximum epochs (default {DEFAULT_EPOCHS}; {QUICK_EPOCHS} with --quick)',
+                        help=f'maximum epochs (default {DEFAULT_EPOCHS}; '
+                        f'{QUICK_EPOCHS} with --quick)',
                         dest='max_epoch')
     parser.add_argument('-b', '--batch-size', '--batch', default=64, type=int,
                         help='batch size', dest='batch_size')
-    parser.add_argument('-l', '--learning-rate', '--lr', default=0.02, type=float,
-                        help='initial learning rate', dest='lr')
+    parser.add_argument('-l', '--learning-rate', '--lr', default=None, type=float,
+                        help='initial learning rate (default 0.02 for cnn and mlp, SINGA\'s '
+                        '0.005 for the deep models)', dest='lr')
     parser.add_argument('-i', '--device-id', default=0, type=int,
                         help='which device (of the default backend) to use', dest='device_id')
     parser.add_argument('-g', '--disable-graph', default=True, action='store_false',
@@ -220,6 +224,8 @@ def parse_args(argv=None):
     parser.add_argument('--quick', action='store_true',
                         help='a few small batches on small inputs (for tests)')
     args = parser.parse_args(argv)
+    if args.lr is None:
+        args.lr = FAST_LR if args.model in ('cnn', 'mlp') else SINGA_LR
     if args.max_epoch is None:
         args.max_epoch = QUICK_EPOCHS if args.quick else DEFAULT_EPOCHS
     if args.checkpoint is None:

@@ -1,7 +1,7 @@
 """Training-loop helpers shared by the examples: device choice, progress bar, checkpoints."""
 import os
 import time
-from typing import Dict, Iterable, Iterator, Optional
+from typing import Dict, Iterator, Optional
 
 import numpy as np
 from tqdm import tqdm
@@ -123,14 +123,6 @@ def load_checkpoint(model, path: str, optimizer=None) -> int:
     return int(tensor.to_numpy(aux[EPOCH_KEY]).reshape(-1)[0]) + 1
 
 
-def batches(num_items: int, batch_size: int, limit: Optional[int] = None) -> Iterable[slice]:
-    """Slices of consecutive full batches (at most ``limit`` of them)."""
-    count = num_items // batch_size
-    if limit is not None:
-        count = min(count, limit)
-    return [slice(b * batch_size, (b + 1) * batch_size) for b in range(count)]
-
-
 # SINGA's train_one_batch picks the optimizer method from ``dist_option``; the names below are
 # SINGA's DistOpt methods, and 'plain' is an ordinary ``optimizer(loss)`` step.
 _DIST_UPDATES = {
@@ -157,3 +149,8 @@ def update(optimizer, loss, dist_option: str = 'plain', spars=None) -> None:
     if 'topK' in kwargs:
         kwargs = dict(kwargs, spars=spars)
     getattr(optimizer, method)(loss, **kwargs)
+
+
+def scalar(t: 'tensor.Tensor') -> float:
+    """The value of a one-element Tensor (a loss) as a Python float."""
+    return float(tensor.to_numpy(t).reshape(-1)[0])

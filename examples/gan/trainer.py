@@ -8,7 +8,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from common.training import Progress, load_checkpoint, pick_device, save_checkpoint  # noqa: E402
+from common.training import (Progress, load_checkpoint, pick_device,  # noqa: E402
+                             save_checkpoint, scalar)
 from singa_jax import opt, tensor  # noqa: E402
 from utils import load_data, print_log, save_grid  # noqa: E402
 
@@ -73,12 +74,11 @@ class GANTrainer:
                 noise.uniform(-1, 1)
                 fake_images = self.model.forward_gen(noise)
                 _, d_loss_fake = self.model.train_one_batch_dis(fake_images, fake_labels)
-                d_loss = sum(float(tensor.to_numpy(x).reshape(-1)[0])
-                             for x in (d_loss_real, d_loss_fake))
+                d_loss = scalar(d_loss_real) + scalar(d_loss_fake)
             for _ in range(self.g_steps):
                 noise.uniform(-1, 1)
                 _, g_loss_tensor = self.model.train_one_batch(noise, gen_targets)
-                g_loss = float(tensor.to_numpy(g_loss_tensor).reshape(-1)[0])
+                g_loss = scalar(g_loss_tensor)
             history['d_loss'].append(d_loss)
             history['g_loss'].append(g_loss)
             bar.update(d_loss + g_loss)

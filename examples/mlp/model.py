@@ -11,36 +11,25 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common.training import pick_device, update  # noqa: E402
-from singa_jax import layer, model, opt, tensor  # noqa: E402
+from common.classifier import Classifier  # noqa: E402
+from common.training import pick_device  # noqa: E402
+from singa_jax import layer, opt, tensor  # noqa: E402
 
 np_dtype = {"float16": np.float16, "float32": np.float32}
 singa_dtype = {"float16": tensor.float16, "float32": tensor.float32}
 
 
-class MLP(model.Model):
-    """linear -> ReLU -> linear, trained with softmax cross-entropy."""
+class MLP(Classifier):
+    """linear -> ReLU -> linear, trained with softmax cross-entropy on flat rows."""
 
     def __init__(self, data_size=10, perceptron_size=100, num_classes=10):
-        super().__init__()
-        self.num_classes = num_classes
-        self.dimension = 2  # train_cnn.py feeds flat rows
+        super().__init__(num_classes=num_classes, input_size=data_size, dimension=2)
         self.relu = layer.ReLU()
         self.linear1 = layer.Linear(perceptron_size)
         self.linear2 = layer.Linear(num_classes)
-        self.softmax_cross_entropy = layer.SoftMaxCrossEntropy()
 
     def forward(self, inputs):
         return self.linear2(self.relu(self.linear1(inputs)))
-
-    def train_one_batch(self, x, y, dist_option='plain', spars=None):
-        out = self.forward(x)
-        loss = self.softmax_cross_entropy(out, y)
-        update(self.optimizer, loss, dist_option, spars)
-        return out, loss
-
-    def set_optimizer(self, optimizer):
-        self.optimizer = optimizer
 
 
 def create_model(pretrained=False, **kwargs):
@@ -67,7 +56,7 @@ def main(argv=None):
     """Train on the whole toy set each step; returns the list of per-step losses."""
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from data import generate  # the sibling data.py
+    from data import generate, record_loss  # the sibling data.py
 
     max_epoch = 60 if args.quick else args.max_epoch
     points, labels = generate()
@@ -87,9 +76,7 @@ def main(argv=None):
     ty.copy_from_numpy(labels)
     for epoch in range(max_epoch):
         _, loss = net(tx, ty, 'plain', None)
-        losses.append(float(tensor.to_numpy(loss).reshape(-1)[0]))
-        if epoch % 100 == 0 or epoch == max_epoch - 1:
-            print(f"epoch {epoch}: training loss = {losses[-1]:.6f}")
+        record_loss(losses, loss, epoch, max_epoch)
     return losses
 
 

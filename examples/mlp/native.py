@@ -16,7 +16,6 @@ from common.training import pick_device  # noqa: E402
 from singa_jax import autograd, opt, tensor  # noqa: E402
 from singa_jax.tensor import Tensor  # noqa: E402
 
-np_dtype = {"float16": np.float16, "float32": np.float32}
 singa_dtype = {"float16": tensor.float16, "float32": tensor.float32}
 
 
@@ -31,7 +30,8 @@ def parse_args(argv=None):
 
 
 def parameter(value: np.ndarray, dev, dtype) -> Tensor:
-    """A trainable Tensor: requires_grad so autograd tracks it, stores_grad so backward yields it."""
+    """A trainable Tensor: autograd tracks it (requires_grad) and yields its gradient
+    (stores_grad)."""
     return Tensor(data=value.astype(np.dtype(dtype)), device=dev, dtype=dtype,
                   requires_grad=True, stores_grad=True)
 
@@ -40,7 +40,7 @@ def main(argv=None):
     """Returns the list of per-step losses."""
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from data import generate  # the sibling data.py
+    from data import generate, record_loss  # the sibling data.py
 
     max_epoch = 60 if args.quick else args.max_epoch
     autograd.training = True
@@ -70,9 +70,7 @@ def main(argv=None):
         x = autograd.add_bias(x, b1)
         loss = autograd.softmax_cross_entropy(x, target)
         sgd(loss)
-        losses.append(float(tensor.to_numpy(loss).reshape(-1)[0]))
-        if i % 100 == 0 or i == max_epoch - 1:
-            print(f"{i}, training loss = {losses[-1]:.6f}")
+        record_loss(losses, loss, i, max_epoch)
     return losses
 
 

@@ -15,7 +15,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from common.training import (Progress, load_checkpoint, pick_device,  # noqa: E402
-                             save_checkpoint)
+                             save_checkpoint, scalar)
 from singa_jax import autograd, layer, model, opt, tensor  # noqa: E402
 
 DEFAULT_TEXT = os.path.join(HERE, 'data', 'lighthouse.txt')
@@ -33,7 +33,7 @@ class CharRNN(model.Model):
         self.dense = layer.Linear(hidden_size, vocab_size)
         self.reshape2 = layer.Reshape()
         self.softmax_cross_entropy = layer.SoftMaxCrossEntropy()
-        self.optimizer = opt.SGD(lr)
+        self.optimizer = opt.SGD(lr, momentum=0.9)
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
 
@@ -115,7 +115,7 @@ def evaluate(net, data, batch_size, inputs, labels, dev):
                 labels)
         net.reset_states(dev)
         loss = autograd.softmax_cross_entropy(net(inputs), labels)
-        total += float(tensor.to_numpy(loss).reshape(-1)[0])
+        total += scalar(loss)
     return total / max(data.num_test_batch, 1)
 
 
@@ -175,7 +175,7 @@ def train(data, max_epoch, hidden_size=100, seq_length=100, batch_size=16, lr=0.
                     inputs, labels)
             _, loss = net(inputs, labels)
             net.reset_states(dev)  # every row starts from a zero state (initialize zeroes them)
-            loss_value = float(tensor.to_numpy(loss).reshape(-1)[0])
+            loss_value = scalar(loss)
             history['losses'].append(loss_value)
             bar.update(loss_value)
         bar.close()
@@ -195,11 +195,11 @@ def parse_args(argv=None):
         description='Train multi-stack LSTM for modeling character sequence from plain text '
         'files')
     parser.add_argument('data', type=str, nargs='?', default=DEFAULT_TEXT, help='training file')
-    parser.add_argument('-b', type=int, default=32, help='batch_size')
+    parser.add_argument('-b', type=int, default=16, help='batch_size')
     parser.add_argument('-l', type=int, default=64, help='sequence length')
     parser.add_argument('-d', type=int, default=128, help='hidden size')
     parser.add_argument('-m', type=int, default=50, help='max num of epoch')
-    parser.add_argument('--lr', type=float, default=0.5, help='SGD learning rate')
+    parser.add_argument('--lr', type=float, default=0.5, help='learning rate of SGD (momentum 0.9)')
     parser.add_argument('--graph', action=argparse.BooleanOptionalAction, default=True,
                         help='compile each training step into one XLA program')
     parser.add_argument('-c', '--checkpoint', default=os.path.join('checkpoints', 'char_rnn.zip'))
