@@ -68,6 +68,10 @@ _CONCRETE_VALUE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerB
                           jax.errors.TracerIntegerConversionError)
 
 
+# How many programs one call signature may keep for different sets of state tensors.
+_PROGRAMS_PER_CALL = 4
+
+
 class GraphModeError(TypeError):
     """The step cannot be compiled as one program (it branches on a tensor's value)."""
 
@@ -220,9 +224,10 @@ class GraphRunner:
             return self._explore(fn, leaves, arg_tree, state)
         prog = self._trace(fn, f"{self.owner_name}.{name}", leaves, arg_tree, state, devices)
         if prog.cacheable:
-            # a program for older state (replaced tensors) of the same call is dead: drop it,
-            # and with it the references it holds
-            for old in [k for k in self.programs if k[:4] == key[:4]]:
+            # programs of the same call for other state tensors (replaced slots, ...) are most
+            # likely dead: keep only the newest few, and drop the references the others hold
+            same_call = [k for k in self.programs if k[:4] == key[:4]]
+            for old in same_call[:max(0, len(same_call) - _PROGRAMS_PER_CALL + 1)]:
                 del self.programs[old]
             self.programs[key] = prog
         return self._execute(prog, leaves)

@@ -275,4 +275,4 @@ def test_graph_state_collection_matches_get_states():
         fast = m._state_tensors()
         assert len(fast) == len({id(t) for t in fast})
         assert {id(t) for t in fast} == {id(t) for t in m.get_states().values()}
-    assert any(t.name == "custom.scale" for t in m._state_tensors())
+    assert any(t is m.custom.scale_tensor for t in m._state_tensors())
