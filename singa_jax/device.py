@@ -104,10 +104,9 @@ class Device:
         """``array`` as a jax.Array on this device (tracers are returned unchanged)."""
         if isinstance(array, jax.core.Tracer):
             return array
-        # Results of ops on this device are already committed here; device_put would cost
-        # ~40x the check on every Tensor created.
-        if (isinstance(array, jax.Array) and array.committed
-                and array.devices() == {self.jax_device}):
+        # Results of ops on this device already live here (committed or not); device_put
+        # would cost ~40x the check on every Tensor created.
+        if isinstance(array, jax.Array) and array.devices() == {self.jax_device}:
             return array
         return jax.device_put(array, self.jax_device)
 

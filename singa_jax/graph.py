@@ -50,6 +50,7 @@ import types
 import warnings
 import weakref
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
 import jax
@@ -158,6 +159,23 @@ def _is_tensor(x: Any) -> bool:
     return isinstance(x, Tensor)
 
 
+_PLAIN_ARGS = (Tensor, str, int, float, bool)
+
+
+@lru_cache(maxsize=None)
+def _flat_tree(n: int):
+    return jax.tree_util.tree_structure(((0,) * n, {}))
+
+
+def _flatten_args(args: tuple, kwargs: dict) -> Tuple[list, Any]:
+    """``jax.tree_util.tree_flatten((args, kwargs))`` with Tensors as leaves. The usual call,
+    positional Tensors and plain static values (SINGA's ``train_one_batch(x, y, 'plain')``),
+    skips the generic walk: on a small model it costs a visible share of a compiled step."""
+    if not kwargs and all(isinstance(a, _PLAIN_ARGS) for a in args):
+        return list(args), _flat_tree(len(args))
+    return jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+
+
 def _leaf_signature(leaf: Any, owner: str, method: str) -> Hashable:
     if isinstance(leaf, Tensor):
         return ("T", leaf.shape, leaf.dtype, leaf.requires_grad, leaf.stores_grad, id(leaf.device))
@@ -204,7 +222,7 @@ class GraphRunner:
     def run(self, fn: Callable, name: str, args: tuple, kwargs: dict,
             declared_state: Sequence[Tensor], training: bool) -> Any:
         """Run ``fn(*args, **kwargs)`` as one compiled program; see the module docstring."""
-        leaves, arg_tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+        leaves, arg_tree = _flatten_args(args, kwargs)
         arg_sig = tuple([_leaf_signature(leaf, self.owner_name, name) for leaf in leaves])
         devices = device_mod.all_devices()
         # State tensors enter the key by identity only (this is the per-step fast path): if one
@@ -378,7 +396,7 @@ class GraphRunner:
             outputs = prog.compiled(state_arrays, keys, batch_arrays)
         new_state, new_keys, extra, res_arrays = outputs
         for t, a in zip(prog.state, new_state):
-            t.data = a
+            t._data = a  # a program output, on its device, no hook installed: skip the setter
         for d, k in zip(prog.devices, new_keys):
             d.key = k
         for t, a in zip(prog.extra_out, extra):
@@ -438,7 +456,7 @@ def _build_result(prog: _Program, arrays: list) -> Any:
             # re-places the array on its device; the array already is where the program put it
             t = object.__new__(Tensor)
             t.__dict__.update(kind[1])
-            t.data = next(it)
+            t._data = next(it)  # a program output: already an array on its device
             t.creator = Dummy(t)
             leaves.append(t)
         elif kind[0] == "A":

@@ -205,14 +205,30 @@ class Model(Layer, metaclass=ModelMeta):
                          if sub.__dict__.get("_initialized", False))
         return found
 
-    def _run_graph(self, func, name: str, args: tuple, kwargs: dict) -> Any:
+    def _declared_state(self) -> List[Tensor]:
+        """The step's declared state: the layers' tensors and, in training, every optimizer's.
+
+        Cached until a layer attribute is assigned anywhere (``Layer.structure_version``) or an
+        optimizer's state set changes (``states_version``); a compiled step runs no layer or
+        optimizer code, so in steady state the cache always holds and no tree is walked."""
+        cached = self.__dict__.get("_declared_cache")
+        if cached is not None and cached[0] == (Layer.structure_version, self.training) and \
+                all(o.states_version == v for o, v in cached[1]):
+            return cached[2]
+        version = (Layer.structure_version, self.training)  # before anything below assigns
         declared = self._state_tensors()
-        if self.training:
-            for optimizer in self._optimizers():
-                # the Tensors an optimizer may REPLACE (slots, step counter; set_states makes new
-                # ones) must be declared so that a replacement retraces; the ones it only rebinds
-                # (lr_value, ...) are found by the first, recorded call
-                declared += tensors_in(optimizer.get_states())
+        optimizers = self._optimizers() if self.training else []
+        for optimizer in optimizers:
+            # the Tensors an optimizer may REPLACE (slots, step counter; set_states makes new
+            # ones) must be declared so that a replacement retraces; the ones it only rebinds
+            # (lr_value, ...) are found by the first, recorded call
+            declared += tensors_in(optimizer.get_states())
+        opt_versions = [(o, o.states_version) for o in optimizers]
+        self.__dict__["_declared_cache"] = (version, opt_versions, declared)  # no setattr bump
+        return declared
+
+    def _run_graph(self, func, name: str, args: tuple, kwargs: dict) -> Any:
+        declared = self._declared_state()
 
         def step(*a, **k):
             return func(self, *a, **k)

@@ -311,6 +311,13 @@ class Optimizer:
 
     _rule: Optional[UpdateRule] = None
     _slot_kinds: Tuple[str, ...] = ()
+    # Bumped whenever the set of state Tensors may change (an attribute assigned, a slot created,
+    # set_states): graph mode re-collects an optimizer's state only then.
+    states_version = 0
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, "states_version", self.states_version + 1)
+        object.__setattr__(self, name, value)
 
     def __init__(self, lr: Any, dtype: Any = _tensor.float32):
         self.dtype = _tensor.to_dtype(dtype)
@@ -466,6 +473,7 @@ class Optimizer:
                                  f"{list(self._slot_kinds)}")
         if counter is not None:
             self.step_counter.data = self.step_counter.device.put(counter)
+        object.__setattr__(self, "states_version", self.states_version + 1)
         for kind, new in slots.items():
             d = self._slot_dict(kind)
             d.clear()  # keep the dict object: SINGA exposes it as an attribute
@@ -558,6 +566,7 @@ class Optimizer:
         t = d.get(key)
         if t is None:  # created lazily; a new Tensor, so graph mode sees it as new state
             t = d[key] = _state_tensor(jnp.zeros(p.shape, p.dtype), p.device)
+            object.__setattr__(self, "states_version", self.states_version + 1)
         elif t.device is not p.device:
             t.data, t.device = p.device.put(t.data), p.device
         return t

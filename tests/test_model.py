@@ -276,3 +276,23 @@ def test_graph_state_collection_matches_get_states():
         assert len(fast) == len({id(t) for t in fast})
         assert {id(t) for t in fast} == {id(t) for t in m.get_states().values()}
     assert any(t is m.custom.scale_tensor for t in m._state_tensors())
+
+
+def test_replaced_parameter_tensor_is_used_by_the_compiled_step():
+    """Graph mode caches the model's state list; assigning a new parameter Tensor to a layer must
+    invalidate it, so the next step reads and updates the new Tensor, not a stale one."""
+    m = build(MLP, OPTIMIZERS["sgd_momentum"], True, MLP_IN)
+    for s in range(3):
+        m(*data(MLP_IN, s))
+    old = m.fc2.W
+    new_value = np.full(old.shape, 0.05, np.float32)
+    m.fc2.W = tensor.Tensor(data=new_value, requires_grad=True, stores_grad=True)
+    old_value = tensor.to_numpy(old)
+    x, y = data(MLP_IN, 3)
+    m(x, y)
+    assert m._graph_runner.trace_count == 2  # the replacement made a new program
+    np.testing.assert_array_equal(tensor.to_numpy(old), old_value)  # the old tensor is left alone
+    moved = tensor.to_numpy(m.fc2.W)
+    assert not np.allclose(moved, new_value)  # the new one was read and updated
+    # and the update started from the new value: one SGD step moves it by at most lr * |grad|
+    assert np.abs(moved - new_value).max() < 1.0

@@ -224,7 +224,13 @@ class Layer(object, metaclass=LayerMeta):
             return layers[name]
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
+    # Bumped by every attribute assignment on any layer: graph mode caches a model's list of
+    # state tensors and walks the layer tree again only when this has changed (a compiled step
+    # runs no layer code, so in steady state it never changes).
+    structure_version = 0
+
     def __setattr__(self, name: str, value: Any) -> None:
+        Layer.structure_version += 1
         layers = self.__dict__.setdefault("_layers", dict())
         if isinstance(value, Layer):
             self.__dict__.pop(name, None)
