@@ -39,30 +39,18 @@ def _check_tensor(fn: str, t) -> None:
                         f"values; expected a floating dtype")
 
 
-@partial(jax.jit, static_argnums=(1, 2))
-def _normal_kernel(key, shape, dtype, mean, std):
-    return jax.random.normal(key, shape, dtype) * std.astype(dtype) + mean.astype(dtype)
-
-
-@partial(jax.jit, static_argnums=(1, 2))
-def _uniform_kernel(key, shape, dtype, low, high):
-    return jax.random.uniform(key, shape, dtype, minval=low.astype(dtype), maxval=high.astype(dtype))
-
-
 def gaussian_fill(t: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
     """Fill ``t`` in place with samples of ``N(mean, std)`` drawn from its device's key."""
     _check_tensor("gaussian_fill", t)
-    t.data = t.device.put(_normal_kernel(t.device.next_key(), t.shape, t.dtype,
-                                         jnp.float32(mean), jnp.float32(std)))
-    return t
+    # Tensor.gaussian draws in power-of-two buckets: one compiled sampler serves many shapes
+    # (a sampler per parameter shape made Model.compile of LeNet take seconds)
+    return t.gaussian(mean, std)
 
 
 def uniform_fill(t: Tensor, low: float = 0.0, high: float = 1.0) -> Tensor:
     """Fill ``t`` in place with samples of ``U(low, high)`` drawn from its device's key."""
     _check_tensor("uniform_fill", t)
-    t.data = t.device.put(_uniform_kernel(t.device.next_key(), t.shape, t.dtype,
-                                          jnp.float32(low), jnp.float32(high)))
-    return t
+    return t.uniform(low, high)
 
 
 def constant_fill(t: Tensor, value: float) -> Tensor:

@@ -676,19 +676,26 @@ _SAMPLERS: Dict[str, Tuple[Callable, Callable]] = {
 }
 
 
+_DRAW_CHUNK = 1 << 16  # samples per compiled draw
+
+
 def _draw(key: jax.Array, params: Tuple[float, ...], kind: str, shape: Tuple[int, ...],
           dtype: np.dtype) -> jax.Array:
     """Samples of ``kind`` in ``shape`` and ``dtype``.
 
-    XLA compiles the random-bit generator anew for every shape, which costs far more than
-    drawing, so samples are drawn in flat power-of-two buckets (one compiled program per bucket,
-    kind and dtype) and cut to size: a prefix of i.i.d. samples is still i.i.d.
+    XLA compiles the random-bit generator anew for every shape (about 0.5 s on a CPU, whatever
+    the size), which costs far more than drawing: samples are therefore always drawn in chunks
+    of ``_DRAW_CHUNK`` by ONE compiled program per kind and dtype (chunk i from
+    ``fold_in(key, i)``), concatenated and cut to size — a prefix of i.i.d. samples is i.i.d.
     """
     size = math.prod(shape)
     # float32 samples for every dtype but float64 (converted after), so dtypes share programs
     sample_dtype = float64 if dtype == float64 else float32
-    flat = _draw_flat(key, params, kind=kind, count=builtins.max(64, 1 << (size - 1).bit_length()),
-                      dtype=sample_dtype)
+    chunks = builtins.max(1, -(-size // _DRAW_CHUNK))
+    keys = [key] if chunks == 1 else [jax.random.fold_in(key, i) for i in range(chunks)]
+    parts = [_draw_flat(k, params, kind=kind, count=_DRAW_CHUNK, dtype=sample_dtype)
+             for k in keys]
+    flat = parts[0] if chunks == 1 else jnp.concatenate(parts)
     return flat[:size].reshape(shape).astype(dtype)
 
 
