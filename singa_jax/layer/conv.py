@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 from .. import autograd
 from .. import initializer as init
+from .. import utils
 from ..device import Device
 from ..tensor import Tensor
 from .base import Layer
@@ -48,15 +49,9 @@ def split_padding(layer: str, padding: Any) -> Tuple[Tuple[int, int], Tuple[int,
 
 def same_padding(pad_mode: str, spatial: Sequence[int], kernel: Sequence[int],
                  stride: Sequence[int]) -> Tuple[Tuple[int, int], Tuple[int, int, int, int]]:
-    """``(padding, odd_padding)`` for SAME_UPPER / SAME_LOWER (SINGA's get_padding_shape)."""
-    pads, odd = [], [0, 0, 0, 0]
-    for i, (n, k, s) in enumerate(zip(spatial, kernel, stride)):
-        out = -(-n // s)  # ceil(n / s)
-        total = max((out - 1) * s + k - n, 0)
-        pads.append(total // 2)
-        if total % 2:
-            odd[2 * i + (1 if pad_mode == "SAME_UPPER" else 0)] = 1
-    return (pads[0], pads[1]), tuple(odd)
+    """``(padding, odd_padding)`` for SAME_UPPER / SAME_LOWER (see utils.get_padding_shape)."""
+    pads, odd = utils.get_padding_shape(pad_mode, spatial, kernel, stride)
+    return (pads[0], pads[2]), tuple(odd)
 
 
 def _older_form(layer: str, nb_kernels: Any, kernel_size: Any, args: Tuple, stride: Any,
