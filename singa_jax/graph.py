@@ -323,7 +323,8 @@ class GraphRunner:
             state_ids = {id(t) for t in state}
             written = [t for t in recorder.undeclared_written.values() if id(t) not in state_ids]
             alive = recorder.alive_created(state_ids)
-            extra = written + [t for t in alive if id(t) not in {id(w) for w in written}]
+            written_ids = {id(t) for t in written}
+            extra = written + [t for t in alive if id(t) not in written_ids]
             record.update(tree=res_tree, kinds=kinds, extra=extra,
                           read=list(recorder.undeclared_read.values()))
             return ([t.data for t in state], [d.key for d in devices],
@@ -353,11 +354,9 @@ class GraphRunner:
             self.active = False
         self.last_compile_seconds = time.perf_counter() - start
         # Tensors now hold tracers; restore the inputs (the run writes the new values back).
-        for t, a in zip(state, originals):
-            t.data = a
-        for d, k in zip(devices, original_keys):
-            d.key = k
-        revealed = [t for t in record["read"] if id(t) not in {id(s) for s in state}]
+        _restore(state, originals, devices, original_keys)
+        state_ids = {id(t) for t in state}
+        revealed = [t for t in record["read"] if id(t) not in state_ids]
         new_state = revealed + record["extra"]
         self._discover(new_state)
         return _Program(compiled=compiled, state=list(state), devices=list(devices),
@@ -367,10 +366,7 @@ class GraphRunner:
     @staticmethod
     def _undo_trace(state, originals, devices, original_keys, recorder: _Recorder) -> None:
         """After a failed trace: no Tensor the user can see may keep a tracer."""
-        for t, a in zip(state, originals):
-            t.data = a
-        for d, k in zip(devices, original_keys):
-            d.key = k
+        _restore(state, originals, devices, original_keys)
         for t in list(recorder.undeclared_written.values()) + recorder.alive_created(set()):
             if _is_tracer(t.data):  # value was never computed: fall back to zeros
                 t.data = jax.numpy.zeros(t.shape, t.dtype)
@@ -406,6 +402,15 @@ class GraphRunner:
             _assert_no_tracers(prog)
             prog.checked = True
         return _build_result(prog, res_arrays)
+
+
+def _restore(state: List[Tensor], arrays: list, devices: List[device_mod.Device],
+             keys: list) -> None:
+    """Put the pre-trace values back into the state Tensors and the devices' keys."""
+    for t, a in zip(state, arrays):
+        t.data = a
+    for d, k in zip(devices, keys):
+        d.key = k
 
 
 def _is_traced_leaf(x: Any) -> bool:

@@ -28,20 +28,15 @@ into one ``jax.jit`` program; otherwise every operator runs eagerly. Both give t
 """
 from __future__ import annotations
 
-import sys
 from functools import wraps
 from typing import Any, Dict, List, Sequence
 
-from . import checkpoint
+from . import autograd, checkpoint, opt
 from .graph import GraphRunner, tensors_in
 from .layer.base import Layer, LayerMeta
 from .tensor import Tensor, from_numpy
 
 __all__ = ["ModelMeta", "Model"]
-
-
-def _autograd():
-    return sys.modules.get("singa_jax.autograd") or __import__("singa_jax.autograd").autograd
 
 
 def _first_tensor(args: Sequence[Any]) -> Any:
@@ -121,13 +116,12 @@ class Model(Layer, metaclass=ModelMeta):
             if not isinstance(x, Tensor):
                 raise TypeError(f"{type(self).__name__}.compile: input {i} must be a Tensor, got "
                                 f"{type(x).__name__}")
-        ag = _autograd()
-        prev = ag.training
-        ag.training = False
+        prev = autograd.training
+        autograd.training = False
         try:
             self.forward(*inputs)
         finally:
-            ag.training = prev
+            autograd.training = prev
         self.train(is_train)
         self.graph(use_graph, sequential)
 
@@ -148,7 +142,7 @@ class Model(Layer, metaclass=ModelMeta):
     def train(self, mode: bool = True) -> None:
         """Enter training mode (``mode=True``) or evaluation mode; sets ``autograd.training``."""
         self.training = bool(mode)
-        _autograd().training = bool(mode)
+        autograd.training = bool(mode)
 
     def eval(self) -> None:
         """Enter evaluation mode."""
@@ -174,9 +168,6 @@ class Model(Layer, metaclass=ModelMeta):
     # --- graph mode ------------------------------------------------------------------------------
     def _optimizers(self) -> List[Any]:
         """Optimizers held by the model's attributes (their Tensors are part of a step's state)."""
-        opt = sys.modules.get("singa_jax.opt")
-        if opt is None:
-            return []
         kinds = (opt.Optimizer, opt.DistOpt)
         return [v for v in vars(self).values() if isinstance(v, kinds)]
 

@@ -5,7 +5,7 @@ The engine (engine.py) knows nothing about particular ops; the catalogue is spli
 """
 from .engine import (Operator, Operation, Dummy, infer_dependency, gradients, backward,  # noqa: F401
                      is_training)
-from .function import Function, run_kernel, make_function  # noqa: F401
+from .function import Function, make_function  # noqa: F401
 from .elementwise import *  # noqa: F401,F403
 from .shape import *  # noqa: F401,F403
 from .reduce import *  # noqa: F401,F403

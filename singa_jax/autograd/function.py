@@ -18,7 +18,7 @@ import numpy as np
 
 from .engine import Operator, fill_like, is_training
 
-__all__ = ["Function", "run_kernel", "make_function"]
+__all__ = ["Function", "make_function"]
 
 
 def _freeze(v: Any) -> Any:
@@ -36,6 +36,7 @@ def _freeze(v: Any) -> Any:
 
 @partial(jax.jit, static_argnums=(0, 1))
 def _forward(fn: Callable, static: Tuple, *xs):
+    """``fn(*xs, **static)`` as one cached kernel (no gradient state: eval mode)."""
     return fn(*xs, **dict(static))
 
 
@@ -58,11 +59,6 @@ def _pullback(vjp_fn, dys):
 
 def _differentiable(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.inexact)
-
-
-def run_kernel(fn: Callable, *xs, **static):
-    """Run ``fn(*xs, **static)`` as a cached jitted kernel (no gradient)."""
-    return _forward(fn, _freeze(static), *xs)
 
 
 def _cotangent(dy, aval) -> Any:
