@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from functools import partial
 from typing import Callable, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .tensor import Tensor
 
@@ -42,7 +40,7 @@ def _check_tensor(fn: str, t) -> None:
 def gaussian_fill(t: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
     """Fill ``t`` in place with samples of ``N(mean, std)`` drawn from its device's key."""
     _check_tensor("gaussian_fill", t)
-    # Tensor.gaussian draws in power-of-two buckets: one compiled sampler serves many shapes
+    # Tensor.gaussian draws in fixed-size chunks: one compiled sampler serves every shape
     # (a sampler per parameter shape made Model.compile of LeNet take seconds)
     return t.gaussian(mean, std)
 
@@ -55,8 +53,7 @@ def uniform_fill(t: Tensor, low: float = 0.0, high: float = 1.0) -> Tensor:
 
 def constant_fill(t: Tensor, value: float) -> Tensor:
     """Fill ``t`` in place with ``value`` (SINGA's ``set_value``)."""
-    t.data = t.device.put(jnp.full(t.shape, value, t.dtype))
-    return t
+    return t.set_value(value)
 
 
 # --- SINGA's initializers ------------------------------------------------------------------
@@ -90,9 +87,9 @@ def _compute_fans(shape: Tuple[int, ...]) -> Tuple[float, float]:
     if len(shape) == 2:
         return float(shape[0]), float(shape[1])
     if len(shape) in (3, 4, 5):
-        receptive = float(np.prod(shape[2:]))
+        receptive = float(math.prod(shape[2:]))
         return shape[1] * receptive, shape[0] * receptive
-    side = math.sqrt(float(np.prod(shape))) if shape else 1.0
+    side = math.sqrt(float(math.prod(shape)))  # 1 for a scalar
     return side, side
 
 

@@ -316,8 +316,11 @@ class Optimizer:
     states_version = 0
 
     def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, "states_version", self.states_version + 1)
+        self._bump_states_version()
         object.__setattr__(self, name, value)
+
+    def _bump_states_version(self) -> None:
+        object.__setattr__(self, "states_version", self.states_version + 1)
 
     def __init__(self, lr: Any, dtype: Any = _tensor.float32):
         self.dtype = _tensor.to_dtype(dtype)
@@ -373,10 +376,7 @@ class Optimizer:
         return self._slot_kinds
 
     def _slot_dict(self, kind: str) -> Dict[str, Tensor]:
-        d = self.__dict__.get(kind)
-        if d is None:
-            d = self.__dict__[kind] = {}
-        return d
+        return self.__dict__.setdefault(kind, {})
 
     # --- SINGA's API --------------------------------------------------------------------------
     def __call__(self, loss: Tensor) -> None:
@@ -427,8 +427,7 @@ class Optimizer:
         target = inputs[0].device
         for t in inputs[1:]:
             if t.device is not target:
-                t.data = target.put(t.data)
-                t.device = target
+                t.to_device(target)
 
     def get_states(self) -> Dict[str, Tensor]:
         """``{'step_counter': Tensor, '<slot kind>/<param key>': Tensor, ...}``.
@@ -473,7 +472,7 @@ class Optimizer:
                                  f"{list(self._slot_kinds)}")
         if counter is not None:
             self.step_counter.data = self.step_counter.device.put(counter)
-        object.__setattr__(self, "states_version", self.states_version + 1)
+        self._bump_states_version()
         for kind, new in slots.items():
             d = self._slot_dict(kind)
             d.clear()  # keep the dict object: SINGA exposes it as an attribute
@@ -566,9 +565,9 @@ class Optimizer:
         t = d.get(key)
         if t is None:  # created lazily; a new Tensor, so graph mode sees it as new state
             t = d[key] = _state_tensor(jnp.zeros(p.shape, p.dtype), p.device)
-            object.__setattr__(self, "states_version", self.states_version + 1)
+            self._bump_states_version()
         elif t.device is not p.device:
-            t.data, t.device = p.device.put(t.data), p.device
+            t.to_device(p.device)
         return t
 
 
@@ -609,7 +608,6 @@ class SGD(Optimizer):
 
     def _active_slot_kinds(self) -> Tuple[str, ...]:
         return self._slot_kinds if self._momentum_on() else ()
-
 
 
 class RMSProp(Optimizer):
@@ -668,17 +666,13 @@ class Adam(Optimizer):
 # --------------------------------------------------------------------------------------------
 # DistOpt: SINGA's data-parallel wrapper, on one process and one device
 # --------------------------------------------------------------------------------------------
-@jax.jit
-def _round_half(arrays: List[jax.Array]) -> List[jax.Array]:
-    """What an all-reduce in float16 over one replica returns: each value rounded to float16."""
-    return [a.astype(jnp.float16).astype(a.dtype) for a in arrays]
-
-
 @partial(jax.jit, static_argnums=(1,))
-def _clip_round_half(arrays: List[jax.Array], clip_value: Optional[float]) -> List[jax.Array]:
+def _round_half(arrays: List[jax.Array], clip_value: Optional[float]) -> List[jax.Array]:
+    """What an all-reduce in float16 over one replica returns: each value (first clipped to
+    ``[-clip_value, clip_value]`` unless ``clip_value`` is None) rounded to float16."""
     if clip_value is not None:
         arrays = [jnp.clip(a, -clip_value, clip_value) for a in arrays]
-    return _round_half(arrays)
+    return [a.astype(jnp.float16).astype(a.dtype) for a in arrays]
 
 
 @partial(jax.jit, static_argnums=(2, 3))
@@ -795,7 +789,7 @@ class DistOpt:
         items, as_list = _arrays_of(tensor)
         if not send or not items:
             return tensor
-        return _write_back(items, _round_half([_data(t) for t in items]), as_list)
+        return _write_back(items, _round_half([_data(t) for t in items], None), as_list)
 
     def sparsification(self, tensor: Any, accumulation: Any, spars: float, topK: bool) -> Any:
         """Sparsified all-reduce of one tensor (see :meth:`fused_sparsification`)."""
@@ -849,7 +843,7 @@ class DistOpt:
                                 f"{p.dtype}; only float32 params are sent as float16")
         clip = _check_real("DistOpt", "clip_Value", clip_Value) if clipping else None
         if pairs:
-            new = _clip_round_half([g.data for _, g in pairs], clip)
+            new = _round_half([g.data for _, g in pairs], clip)
             _write_back([g for _, g in pairs], new, True)
         self._finish(pairs)
 

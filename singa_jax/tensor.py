@@ -149,7 +149,7 @@ class Tensor:
             arr = data
         else:
             arr = np.asarray(data)
-            if dtype is not None and data is not None and not isinstance(data, np.ndarray):
+            if dtype is not None and not isinstance(data, np.ndarray):
                 arr = arr.astype(to_dtype(dtype))
             if arr.dtype == np.float64:  # SINGA has no double tensors by default
                 arr = arr.astype(np.float32)

@@ -123,6 +123,13 @@ class NonDifferentiable:
         return (None,) * len(self.src)
 
 
+def normalize_axis(axis: int, ndim: int) -> int:
+    """``axis`` in ``[0, ndim)`` (negative counts from the end); ValueError when out of range."""
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for a {ndim}-d input")
+    return axis % ndim
+
+
 def host_values(op: str, x: jax.Array) -> np.ndarray:
     """The values of ``x`` on the host, for the few ops whose output SHAPE depends on them."""
     if isinstance(x, jax.core.Tracer):

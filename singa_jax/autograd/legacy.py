@@ -92,9 +92,9 @@ class Layer(object):
         self.set_params({parameter_name: parameter_value})
 
 
-def _built(layer_obj: Layer, build, *args) -> None:
+def _built(layer_obj: Layer, *build_args) -> None:
     """Create the parameters now, on the default device (SINGA 3.0 built them eagerly)."""
-    build(*args)
+    layer_obj._build(*build_args)
     layer_obj._initialized = True
     layer_obj.allow_params = list(getattr(layer_obj, "_param_attrs", ()))
 
@@ -104,7 +104,7 @@ class Linear(Layer, _layer.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         _layer.Linear.__init__(self, in_features, out_features, bias=bias)
-        _built(self, self._build, in_features, get_default_device(), float32)
+        _built(self, in_features, get_default_device(), float32)
 
 
 class Conv2d(Layer, _layer.Conv2d):
@@ -117,7 +117,7 @@ class Conv2d(Layer, _layer.Conv2d):
                                dilation=dilation, group=group, bias=bias, pad_mode=pad_mode,
                                **kwargs)
         self.out_channels = out_channels
-        _built(self, self._build, in_channels, get_default_device(), float32)
+        _built(self, in_channels, get_default_device(), float32)
 
 
 class SeparableConv2d(Layer, _layer.SeparableConv2d):
@@ -139,7 +139,7 @@ class BatchNorm2d(Layer, _layer.BatchNorm2d):
 
     def __init__(self, num_features: int, momentum: float = 0.9):
         _layer.BatchNorm2d.__init__(self, num_features, momentum=momentum)
-        _built(self, self._build, num_features, get_default_device(), float32)
+        _built(self, num_features, get_default_device(), float32)
 
 
 def _with_odd(padding: Any, odd_padding: Any) -> Any:
@@ -193,7 +193,7 @@ class RNN(Layer, _layer.RNN):
                  dropout: float = 0, bidirectional: bool = False):
         _layer.RNN.__init__(self, input_size, hidden_size, num_layers, nonlinearity, bias,
                             batch_first, dropout, bidirectional)
-        _built(self, self._build, get_default_device())
+        _built(self, get_default_device())
         self.params = (self.Wx, self.Wh, self.b)
 
 
@@ -206,7 +206,7 @@ class LSTM(Layer, _layer.LSTM):
                  dropout: float = 0, bidirectional: bool = False):
         _layer.LSTM.__init__(self, input_size, hidden_size, nonlinearity, num_layers, bias,
                              batch_first, dropout, bidirectional)
-        _built(self, self._build, get_default_device())
+        _built(self, get_default_device())
         for kind in ("Wx", "Wh", "Bx", "Bh"):
             setattr(self, kind, [getattr(self, f"{kind}_{g}") for g in "ifog"])
         self.params = self.Wx + self.Wh + self.Bx + self.Bh

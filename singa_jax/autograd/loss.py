@@ -82,8 +82,8 @@ def _ranking_kernel(pos, neg, *, M: float):
     return _as_loss(jnp.sum(jnp.where(val > 0, val, 0.0)), pos.shape[0])
 
 
-# --- shape checks: (op name, x shape, t shape) -> error message or None ---------------------------
-def _check_class_scores(op: str, x, t):
+# --- shape checks: (x, t) -> error message or None ---------------------------
+def _check_class_scores(x, t):
     if x.ndim != 2:
         return f"x must be 2-D (batch, classes), got shape {tuple(x.shape)}"
     if t.ndim > 2:
@@ -94,7 +94,7 @@ def _check_class_scores(op: str, x, t):
     return None
 
 
-def _check_same_shape(op: str, x, t):
+def _check_same_shape(x, t):
     if tuple(x.shape) != tuple(t.shape):
         return f"input of shape {tuple(x.shape)} and target of shape {tuple(t.shape)} differ"
     if x.ndim == 0:
@@ -109,7 +109,7 @@ class _TargetLoss(Function):
     as a second array under ``stop_gradient`` and only x's gradient is returned.
     """
 
-    check: Callable = None  # (op name, x, t) -> error message or None
+    check: Callable = None  # (x, t) -> error message or None
 
     def __init__(self, t: Any):
         super().__init__()
@@ -120,7 +120,7 @@ class _TargetLoss(Function):
 
     def forward(self, x):
         t = self._target()
-        msg = type(self).check(type(self).__name__, x, t)
+        msg = type(self).check(x, t)
         if msg is not None:
             raise ValueError(f"{type(self).__name__}: {msg}")
         return super().forward(x, t)
@@ -177,7 +177,7 @@ class RankingLoss(Function):
         self.M = float(M)
 
     def forward(self, pos, neg):
-        msg = _check_same_shape("RankingLoss", pos, neg)
+        msg = _check_same_shape(pos, neg)
         if msg is not None:
             raise ValueError(f"RankingLoss: {msg}")
         return super().forward(pos, neg)

@@ -41,7 +41,7 @@ NO_ODD_PADDING = (0, 0, 0, 0)
 
 def _pair(v: Any, what: str) -> Pair:
     """An (h, w) pair of ints from an int or a length-2 sequence."""
-    if isinstance(v, (int,)) or hasattr(v, "__index__"):
+    if hasattr(v, "__index__"):  # int, NumPy int
         return (int(v), int(v))
     v = tuple(int(e) for e in v)
     if len(v) != 2:
@@ -745,9 +745,6 @@ class Embedding(Function):
 
     fn = staticmethod(_embedding_kernel)
 
-    def __init__(self):
-        super().__init__()
-
     def forward(self, x, w):
         _check(w.ndim == 2, "Embedding", f"weight w must be 2-D (vocab, dim), got shape "
                                          f"{tuple(w.shape)} (indices x of shape {tuple(x.shape)})")
@@ -764,9 +761,6 @@ class CosSim(Function):
     """Row-wise cosine similarity of two (batch, d) tensors; output (batch,)."""
 
     fn = staticmethod(_cossim_kernel)
-
-    def __init__(self):
-        super().__init__()
 
     @classmethod
     def dot(cls, a, b):
@@ -834,8 +828,4 @@ class _RNN(_KernelWithExtras):
         h.seq_length, h.batch_size = x.shape[0], x.shape[1]
         self.static["has_key"] = (is_training() and h.dropout > 0.0 and h.num_layers > 1)
         return super().forward(x, hx, cx, w)
-
-    def backward(self, grad):
-        """Gradients of (x, hx, cx, w) for dL/dy (all time steps, or the last one)."""
-        return super().backward(grad)
 

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import jax.numpy as jnp
 
 from ..tensor import Tensor
-from .elementwise import StaticOp, declare_ops
+from .elementwise import StaticOp, declare_ops, normalize_axis
 
 __all__ = ["Sum", "sum", "Mean", "mean", "Max", "max", "Min", "min", "add_all",
            "ReduceSum", "reduce_sum", "ReduceMean", "reduce_mean"]
@@ -28,13 +28,16 @@ def _fold(pairwise):
     return fn
 
 
+_sum = _fold(jnp.add)
+
+
 def _mean(*xs):
-    return _fold(jnp.add)(*xs) / len(xs)
+    return _sum(*xs) / len(xs)
 
 
 _VARIADIC = [
     # (class, function, SINGA's parameters, pure function, differentiable, doc)
-    ("Sum", "sum", ("*l",), _fold(jnp.add), True, "y = l[0] + l[1] + ... (broadcasting)."),
+    ("Sum", "sum", ("*l",), _sum, True, "y = l[0] + l[1] + ... (broadcasting)."),
     ("Mean", "mean", ("*l",), _mean, True, "y = (l[0] + l[1] + ...) / len(l) (broadcasting)."),
     ("Max", "max", ("*l",), _fold(lambda a, b: jnp.where(a >= b, a, b)), True,
      "y = elementwise maximum of the inputs (broadcasting); ties go to the earlier input."),
@@ -52,10 +55,7 @@ def add_all(*xs: Tensor) -> Tensor:
 def _reduce(reducer):
     def fn(x, *, axes, keepdims):
         if axes is not None:
-            for a in axes:
-                if not -x.ndim <= a < x.ndim:
-                    raise ValueError(f"axis {a} is out of range for a {x.ndim}-d input")
-            axes = tuple(a % x.ndim for a in axes)
+            axes = tuple(normalize_axis(a, x.ndim) for a in axes)
         return reducer(x, axis=axes, keepdims=bool(keepdims))
     return fn
 

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 
 from ..tensor import Tensor
 from .engine import Operator
-from .elementwise import NonDifferentiable, StaticOp, TensorArgsOp, functional, host_values
+from .elementwise import (NonDifferentiable, StaticOp, TensorArgsOp, functional, host_values,
+                          normalize_axis)
 from .function import Function
 
 __all__ = [
@@ -35,15 +36,9 @@ Ints = Union[int, Sequence[int]]
 
 def _ints(v: Any) -> Tuple[int, ...]:
     """An int or a sequence/array of ints as a tuple of Python ints (hashable static args)."""
-    if isinstance(v, (int,)) or (hasattr(v, "ndim") and getattr(v, "ndim") == 0):
+    if isinstance(v, int) or getattr(v, "ndim", None) == 0:
         return (int(v),)
     return tuple(int(e) for e in v)
-
-
-def _axis(axis: int, ndim: int, what: str = "axis") -> int:
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"{what} {axis} is out of range for a {ndim}-d input")
-    return axis % ndim
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,7 +125,7 @@ def unsqueeze(x: Tensor, axis: Ints = -1) -> Tensor:
 
 def _squeeze(x, *, axis):
     for a in axis:
-        if x.shape[_axis(a, x.ndim)] != 1:
+        if x.shape[normalize_axis(a, x.ndim)] != 1:
             raise ValueError(f"cannot squeeze axis {a} of shape {x.shape}: its length is not 1")
     return jnp.squeeze(x, axis or None)
 
@@ -156,7 +151,7 @@ def _concat(*xs, axis):
     if not xs:
         raise ValueError("needs at least one input")
     ref = xs[0].shape
-    ax = _axis(axis, len(ref))
+    ax = normalize_axis(axis, len(ref))
     for x in xs[1:]:
         if len(x.shape) != len(ref) or any(a != b for i, (a, b) in enumerate(zip(x.shape, ref))
                                            if i != ax):
@@ -180,7 +175,7 @@ def cat(xs: Sequence[Tensor], axis: int = 0) -> Tensor:
 
 
 def _split(x, *, axis, parts, num_output):
-    ax = _axis(axis, x.ndim)
+    ax = normalize_axis(axis, x.ndim)
     if parts is None:  # SINGA: equal parts of floor(d / num_output); a remainder is dropped
         parts = (x.shape[ax] // num_output,) * num_output
     if sum(parts) > x.shape[ax] or min(parts) < 0:
@@ -219,7 +214,7 @@ def _slice(x, *, starts, ends, axes, steps):
                          f"the same length")
     index = [builtins.slice(None)] * x.ndim  # the builtin: ``slice`` below is SINGA's op
     for start, end, axis, step in zip(starts, ends, axes, steps):
-        index[_axis(axis, x.ndim)] = builtins.slice(start, end, step)
+        index[normalize_axis(axis, x.ndim)] = builtins.slice(start, end, step)
     return x[tuple(index)]
 
 
@@ -242,7 +237,7 @@ def slice(x: Tensor, starts: Sequence[int], ends: Sequence[int],  # noqa: A001 (
 
 
 def _gather(x, indices, *, axis):
-    ax = _axis(axis, x.ndim)
+    ax = normalize_axis(axis, x.ndim)
     return jnp.take(x, jnp.mod(indices.astype(jnp.int32), x.shape[ax]), axis=ax)
 
 
@@ -264,7 +259,7 @@ def gather(x: Tensor, axis: int, indices: Any) -> Tensor:
 
 
 def _scatter_elements(x, indices, updates, *, axis):
-    ax = _axis(axis, x.ndim)
+    ax = normalize_axis(axis, x.ndim)
     if indices.shape != updates.shape or indices.ndim != x.ndim:
         raise ValueError(f"indices {indices.shape} and updates {updates.shape} must have the same "
                          f"shape and x's rank ({x.ndim})")
@@ -355,7 +350,7 @@ def expand(x: Tensor, shape: Sequence[int]) -> Tensor:
     return Expand(shape)(x)[0]
 
 
-_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge"}
+_PAD_MODES = ("constant", "reflect", "edge")
 
 
 def _pad(x, *, mode, pads, constant):

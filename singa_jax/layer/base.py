@@ -95,8 +95,7 @@ def move_to_device(*inputs: Tensor) -> None:
     target = inputs[0].device
     for t in inputs[1:]:
         if t is not None and t.device is not target:
-            t.data = target.put(t.data)
-            t.device = target
+            t.to_device(target)
 
 
 def _as_array(value: Any):
@@ -234,23 +233,29 @@ class Layer(object, metaclass=LayerMeta):
         layers = self.__dict__.setdefault("_layers", dict())
         if isinstance(value, Layer):
             self.__dict__.pop(name, None)
-            layers[name] = value
-            value.__dict__["_parent"] = self
-            value.name = self._get_name_prefix() + name
+            self._add_sublayer(name, value)
             return
         object.__setattr__(self, name, value)
         if isinstance(value, Tensor) and value.is_dummy():
             # parameters created in initialize() are named after the attribute holding them
-            value.name = self._get_name_prefix() + name
-            value.creator.name = value.name
+            self._name_tensor(name, value)
         elif name == "name" and value:
             for attr, sublayer in layers.items():  # a renamed layer renames its subtree
                 sublayer.name = self._get_name_prefix() + attr
             for attr in self._param_attrs + self._state_attrs:
                 t = self.__dict__.get(attr)
                 if isinstance(t, Tensor):
-                    t.name = self._get_name_prefix() + attr
-                    t.creator.name = t.name
+                    self._name_tensor(attr, t)
+
+    def _add_sublayer(self, name: str, layer: "Layer") -> None:
+        """Register ``layer`` under ``name`` and name it ``<this layer's name>.<name>``."""
+        self._layers[name] = layer
+        layer.__dict__["_parent"] = self
+        layer.name = self._get_name_prefix() + name
+
+    def _name_tensor(self, attr: str, t: Tensor) -> None:
+        t.name = self._get_name_prefix() + attr
+        t.creator.name = t.name
 
     def __delattr__(self, name: str) -> None:
         if name in self._layers:
@@ -267,9 +272,7 @@ class Layer(object, metaclass=LayerMeta):
             items = [(f"{type(v).__name__}_{i}", v) for i, v in enumerate(args)]
         for name, value in items:
             if isinstance(value, Layer):
-                self._layers[name] = value
-                value.__dict__["_parent"] = self
-                value.name = self._get_name_prefix() + name
+                self._add_sublayer(name, value)
 
     # --- helpers for subclasses ------------------------------------------------------------
     def _input_error(self, what: str, expected: Any, x: Tensor) -> ValueError:

@@ -164,9 +164,8 @@ class Conv2d(_Windowed):
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_4d(x, self.in_channels)
-        params = [self.W] + ([self.b] if self.bias else [])
-        self.device_check(x, *params)
-        self.dtype_check(x, *params)
+        self.device_check(x, self.W, self.b)  # both skip b = None (bias=False)
+        self.dtype_check(x, self.W, self.b)
         self._prepare(x)
         y = autograd.conv2d(self.handle, x, self.W, self.b, self.odd_padding)
         if self.activation == "RELU":

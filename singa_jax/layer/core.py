@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .. import autograd
 from .. import initializer as init
-from ..device import Device
+from ..device import Device, get_default_device
 from ..tensor import Tensor
 from .base import Layer
 
@@ -48,9 +48,8 @@ class Linear(Layer):
         self.b = self._new_param((self.out_features,), device, dtype) if self.bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        params = [self.W] + ([self.b] if self.bias else [])
-        self.device_check(x, *params)
-        self.dtype_check(x, *params)
+        self.device_check(x, self.W, self.b)  # both skip b = None (bias=False)
+        self.dtype_check(x, self.W, self.b)
         if x.ndim() < 2 or x.shape[-1] != self.W.shape[0]:
             raise self._input_error("in_features (last axis)", self.W.shape[0], x)
         y = autograd.matmul(x, self.W)
@@ -91,7 +90,7 @@ class Gemm(Layer):
         self.b = self._new_param(b_shape, x.device, x.dtype) if self.bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        self.device_check(x, self.W, *([self.b] if self.bias else []))
+        self.device_check(x, self.W, self.b)
         w_in = self.W.shape[-1] if self.transB else self.W.shape[0]
         if x.ndim() != 2 or self._in_features(x) != w_in:
             axis = "shape[0] (transA)" if self.transA else "shape[1]"
@@ -126,7 +125,7 @@ class Embedding(Layer):
         ``freeze`` it is no longer trained."""
         if not self._initialized:
             device = W.device if isinstance(W, Tensor) else None
-            self._build(device if device is not None else _default_device())
+            self._build(device if device is not None else get_default_device())
             self._initialized = True
         self.set_params({self.W.name: W})
         self.W.requires_grad = not freeze
@@ -135,11 +134,6 @@ class Embedding(Layer):
     def forward(self, x: Tensor) -> Tensor:
         self.device_check(x, self.W)
         return autograd.embedding(x, self.W)
-
-
-def _default_device() -> Device:
-    from ..device import get_default_device
-    return get_default_device()
 
 
 # --- parameter-free layers, one autograd function each --------------------------------------
