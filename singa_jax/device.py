@@ -115,6 +115,7 @@ class Device:
 
 
 _devices: Dict[jax.Device, Device] = {}  # one Device (and so one key) per jax.Device
+_all: List[Tuple[Device, ...]] = [()]     # the same, as one tuple replaced on each addition
 _default: List[Optional[Device]] = [None]
 
 
@@ -122,12 +123,14 @@ def _wrap(jd: jax.Device) -> Device:
     dev = _devices.get(jd)
     if dev is None:
         dev = _devices[jd] = Device(jd)
+        _all[0] = tuple(_devices.values())
     return dev
 
 
-def all_devices() -> List[Device]:
-    """Every Device created so far (graph mode threads each one's key)."""
-    return list(_devices.values())
+def all_devices() -> Tuple[Device, ...]:
+    """Every Device created so far (graph mode threads each one's key). The tuple object stays
+    the same until a Device is added, so callers may cache on its identity."""
+    return _all[0]
 
 
 def _platform_devices(platform: str) -> List[jax.Device]:

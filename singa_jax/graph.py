@@ -7,7 +7,9 @@ function
     (state arrays, device PRNG keys, batch arrays) -> (new state arrays, new keys, results)
 
 and every later call with the same signature runs that program and writes the new arrays back
-into the same :class:`~singa_jax.tensor.Tensor` objects (the old buffers are donated to XLA).
+into the same :class:`~singa_jax.tensor.Tensor` objects. The compiled program is that function
+trimmed by :class:`_Layout`: it takes only the state (tensors and keys) the step uses, donates
+the old buffers of only the state it rewrites, and returns only those new values.
 
 What is state
     * the tensors the caller declares (a Model passes its parameters and layer states, e.g.
@@ -16,10 +18,11 @@ What is state
     * every Device's PRNG key (dropout masks and random fills advance it),
     * anything else the step touches, found by :class:`_Recorder`, which is installed as
       ``tensor``'s trace hook and sees every ``Tensor.data`` read/write and Tensor creation:
-      - the FIRST call of a method runs eagerly (same numbers) with the recorder installed:
-        lazily created optimizer slots, parameters of a layer first used inside the step, and
-        pre-existing Tensors nobody declared (a mask kept on the model, a counter) all join the
-        state, so the second call compiles ONE program that is reused from then on;
+      - the FIRST call of a training method runs eagerly (same numbers) with the recorder
+        installed: lazily created optimizer slots, parameters of a layer first used inside the
+        step, and pre-existing Tensors nobody declared (a mask kept on the model, a counter) all
+        join the state, so the second call compiles ONE program that is reused from then on
+        (an evaluation call, which rarely meets new state, compiles on its first call);
       - a later trace may still meet new state (a branch only taken for another batch size):
         a pre-existing Tensor it reads would be baked in as a constant ("stale constant"), one it
         writes or creates and keeps would be left holding a tracer. The written and created
@@ -34,9 +37,10 @@ What is state
 What retraces
     The cache key is (method, training flag, the pytree structure and shapes/dtypes of the tensor
     arguments, the values of the non-tensor arguments, the identity/shape/dtype of every state
-    tensor, the devices). A new batch size, a new static argument, a replaced or reshaped
-    parameter, or newly discovered state gives a new program; programs live in the
-    :class:`GraphRunner` owned by each Model.
+    tensor, the devices, and what the caller says the program bakes in: a Model's optimizers'
+    schedules and switches). A new batch size, a new static argument, a replaced or reshaped
+    parameter, a new learning-rate schedule, or newly discovered state gives a new program;
+    programs live in the :class:`GraphRunner` owned by each Model.
 
 What is not allowed
     Python control flow on tensor VALUES (``if loss > 0``, ``float(t)``, ``np.asarray(t.data)``)
@@ -45,6 +49,7 @@ What is not allowed
 from __future__ import annotations
 
 import gc
+import operator
 import time
 import types
 import warnings
@@ -54,6 +59,7 @@ from functools import lru_cache
 from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
 import jax
+import jax.extend.core as jex_core
 import numpy as np
 
 from . import device as device_mod
@@ -159,7 +165,7 @@ def _is_tensor(x: Any) -> bool:
     return isinstance(x, Tensor)
 
 
-_PLAIN_ARGS = (Tensor, str, int, float, bool)
+_STATIC_SCALARS = (str, int, float, bool)
 
 
 @lru_cache(maxsize=None)
@@ -167,18 +173,37 @@ def _flat_tree(n: int):
     return jax.tree_util.tree_structure(((0,) * n, {}))
 
 
-def _flatten_args(args: tuple, kwargs: dict) -> Tuple[list, Any]:
-    """``jax.tree_util.tree_flatten((args, kwargs))`` with Tensors as leaves. The usual call,
-    positional Tensors and plain static values (SINGA's ``train_one_batch(x, y, 'plain')``),
-    skips the generic walk: on a small model it costs a visible share of a compiled step."""
-    if not kwargs and all(isinstance(a, _PLAIN_ARGS) for a in args):
-        return list(args), _flat_tree(len(args))
-    return jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+def _call_signature(args: tuple, kwargs: dict, owner: str, method: str
+                    ) -> Tuple[Sequence[Any], Any, Tuple[Hashable, ...], list]:
+    """The call's leaves (``tree_flatten((args, kwargs))`` with Tensors as leaves), their tree,
+    what a program is compiled for (each Tensor's shape, dtype, autograd flags and device, each
+    array's shape and dtype, each other value itself) and the arrays to pass (of the Tensors
+    and arrays, in order).
+
+    The usual call -- positional Tensors and plain static values, SINGA's
+    ``train_one_batch(x, y, 'plain')`` -- takes one inlined pass: this runs on every step."""
+    if not kwargs:
+        sig, arrays = [], []
+        for a in args:
+            if type(a) is Tensor:
+                data = a._data
+                sig.append((data.shape, data.dtype, a.requires_grad, a.stores_grad, a.device))
+                arrays.append(data)
+            elif type(a) in _STATIC_SCALARS:
+                sig.append(("S", type(a), a))
+            else:
+                break
+        else:
+            return args, _flat_tree(len(args)), tuple(sig), arrays
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+    sig = tuple([_leaf_signature(leaf, owner, method) for leaf in leaves])
+    arrays = [x.data if isinstance(x, Tensor) else x for x in leaves if _is_traced_leaf(x)]
+    return leaves, tree, sig, arrays
 
 
 def _leaf_signature(leaf: Any, owner: str, method: str) -> Hashable:
     if isinstance(leaf, Tensor):
-        return ("T", leaf.shape, leaf.dtype, leaf.requires_grad, leaf.stores_grad, id(leaf.device))
+        return ("T", leaf.shape, leaf.dtype, leaf.requires_grad, leaf.stores_grad, leaf.device)
     if isinstance(leaf, (jax.Array, np.ndarray)):
         return ("A", tuple(leaf.shape), np.dtype(leaf.dtype))
     try:
@@ -193,10 +218,20 @@ def _leaf_signature(leaf: Any, owner: str, method: str) -> Hashable:
 
 @dataclass
 class _Program:
-    """One compiled step and how its inputs/outputs map onto Python objects."""
+    """One compiled step and how its inputs/outputs map onto Python objects.
+
+    ``compiled(donated, read, batch)`` takes the arrays of ``donated``/``donated_devices`` (state
+    the step rewrites: its buffers are given to XLA), of ``read``/``read_devices`` (state it only
+    reads) and the batch; it returns ``(new values of written, new keys of written_devices,
+    values of extra_out, result arrays)``. ``written`` is the donated state plus state the step
+    writes without reading it; state it neither reads nor writes is not passed at all."""
     compiled: Any
-    state: List[Tensor]              # inputs and outputs, in order
-    devices: List[device_mod.Device]  # whose keys are inputs and outputs
+    donated: List[Tensor]
+    donated_devices: List[device_mod.Device]
+    read: List[Tensor]
+    read_devices: List[device_mod.Device]
+    written: List[Tensor]
+    written_devices: List[device_mod.Device]
     extra_out: List[Tensor]          # outputs only: undeclared written / created-alive tensors
     result_tree: Any                 # treedef of the method's result
     result_kinds: List[Tuple]        # per result leaf: ("T", attributes) | ("A",) | ("S", value)
@@ -213,44 +248,75 @@ class GraphRunner:
         self.explore_first = explore_first
         self.programs: Dict[Hashable, _Program] = {}
         self._discovered: List[weakref.ref] = []  # state found by the recorder (weakly held)
-        self.explored: set = set()           # (method, training) pairs already run once
+        self.explored: set = set()           # training methods already run once, eagerly
         self.trace_count = 0
         self.last_compile_seconds = 0.0
         self.active = False                  # True while exploring/tracing (no nesting)
+        self._declared_ids: Tuple[Any, Tuple[int, ...]] = (None, ())
+        self._last: Tuple[Any, Any] = (None, None)  # (key, program) of the last compiled call
 
     # -- public entry ------------------------------------------------------------------------
     def run(self, fn: Callable, name: str, args: tuple, kwargs: dict,
-            declared_state: Sequence[Tensor], training: bool) -> Any:
-        """Run ``fn(*args, **kwargs)`` as one compiled program; see the module docstring."""
-        leaves, arg_tree = _flatten_args(args, kwargs)
-        arg_sig = tuple([_leaf_signature(leaf, self.owner_name, name) for leaf in leaves])
-        devices = device_mod.all_devices()
-        # State tensors enter the key by identity only (this is the per-step fast path): if one
-        # was rebound to another shape or dtype, the compiled call itself refuses the inputs,
-        # before anything is donated, and the step is traced again.
-        key = (name, bool(training), arg_tree, arg_sig, tuple(map(id, declared_state)),
-               tuple(map(id, devices)))
-        prog = self.programs.get(key)
+            declared_state: Sequence[Tensor], training: bool, static: Hashable = ()) -> Any:
+        """Run ``fn(*args, **kwargs)`` as one compiled program; see the module docstring.
+        ``static`` is whatever else the program bakes in (a Model passes its optimizers'
+        schedules), so that a change of it compiles a new program.
+
+        This is the per-step path of every compiled model, so it does as little Python as it
+        can: on a small model every microsecond here is a visible share of the step. Pass
+        ``declared_state`` as a tuple (a Model passes the same tuple until its state changes)
+        and its identities are not re-collected on every call."""
+        if tensor_mod._hook is not None:
+            # inside another model's exploration or trace: run inline, so that the outer
+            # program takes this model's ops (and state) in
+            return fn(*args, **kwargs)
+        leaves, arg_tree, arg_sig, arrays = _call_signature(args, kwargs, self.owner_name, name)
+        # State tensors enter the key by identity only: if one was rebound to another shape or
+        # dtype, the compiled call itself refuses the inputs, before anything is donated, and
+        # the step is traced again.
+        key = (name, training, arg_tree, arg_sig, self._state_ids(declared_state),
+               device_mod.all_devices(), static)
+        last_key, prog = self._last
+        if key != last_key:  # comparing with the last call's key is cheaper than hashing it
+            prog = self.programs.get(key)
         if prog is not None:
             try:
-                return self._execute(prog, leaves)
+                result = self._execute(prog, arrays)
             except _InputsChanged:
-                del self.programs[key]
+                self.programs.pop(key, None)
+                self._last = (None, None)
+            else:
+                self._last = (key, prog)
+                return result
         state = self._state_list(declared_state)
-        if self.explore_first and (name, bool(training)) not in self.explored:
-            self.explored.add((name, bool(training)))
+        # Only a training step is explored first: that is where state appears lazily (an
+        # optimizer's slots). An evaluation call compiles at once, and should it still meet
+        # undeclared state, the retrace described in the module docstring covers it.
+        if self.explore_first and training and name not in self.explored:
+            self.explored.add(name)
             return self._explore(fn, leaves, arg_tree, state)
-        prog = self._trace(fn, f"{self.owner_name}.{name}", leaves, arg_tree, state, devices)
+        prog = self._trace(fn, f"{self.owner_name}.{name}", leaves, arg_tree, arrays, state,
+                           device_mod.all_devices())
         if prog.cacheable:
             # programs of the same call for other state tensors (replaced slots, ...) are most
             # likely dead: keep only the newest few, and drop the references the others hold
             same_call = [k for k in self.programs if k[:4] == key[:4]]
             for old in same_call[:max(0, len(same_call) - _PROGRAMS_PER_CALL + 1)]:
                 del self.programs[old]
+            self._last = (None, None)
             self.programs[key] = prog
-        return self._execute(prog, leaves)
+        return self._execute(prog, arrays)
 
     # -- state -------------------------------------------------------------------------------
+    def _state_ids(self, declared: Sequence[Tensor]) -> Tuple[int, ...]:
+        cached = self._declared_ids
+        if cached[0] is declared:  # a tuple seen last call (held here, so its id is not reused)
+            return cached[1]
+        ids = tuple(map(id, declared))
+        if type(declared) is tuple:
+            self._declared_ids = (declared, ids)
+        return ids
+
     def _state_list(self, declared: Sequence[Tensor]) -> List[Tensor]:
         # declared first, then discovered; each Tensor once (in first-seen order)
         return list({id(t): t for t in [*declared, *self.discovered]}.values())
@@ -269,6 +335,7 @@ class GraphRunner:
         if new:
             self._discovered.extend(weakref.ref(t) for t in new)
             self.programs.clear()  # none of them takes the new state as input
+            self._last = (None, None)
 
     # -- the first call: eager, recorded -------------------------------------------------------
     def _explore(self, fn: Callable, leaves: list, arg_tree, state: List[Tensor]) -> Any:
@@ -293,8 +360,9 @@ class GraphRunner:
         return result
 
     # -- tracing -----------------------------------------------------------------------------
-    def _trace(self, fn: Callable, where: str, leaves: list, arg_tree, state: List[Tensor],
-               devices: List[device_mod.Device]) -> _Program:
+    def _trace(self, fn: Callable, where: str, leaves: Sequence[Any], arg_tree,
+               batch_arrays: list, state: List[Tensor], devices: Sequence[device_mod.Device]
+               ) -> _Program:
         self.trace_count += 1
         originals = [t.data for t in state]
         original_keys = [d.key for d in devices]
@@ -325,20 +393,27 @@ class GraphRunner:
             alive = recorder.alive_created(state_ids)
             written_ids = {id(t) for t in written}
             extra = written + [t for t in alive if id(t) not in written_ids]
-            record.update(tree=res_tree, kinds=kinds, extra=extra,
+            rewritten = ([t.data is not a for t, a in zip(state, state_arrays)] +
+                         [d.key is not k for d, k in zip(devices, keys)])
+            record.update(tree=res_tree, kinds=kinds, extra=extra, rewritten=rewritten,
                           read=list(recorder.undeclared_read.values()))
             return ([t.data for t in state], [d.key for d in devices],
                     [t.data for t in extra], res_arrays)
 
-        batch_arrays = [_leaf_array(x) for x in leaves if _is_traced_leaf(x)]
         start = time.perf_counter()
         self.active = True
         try:
-            jitted = jax.jit(step, donate_argnums=(0, 1))
+            # Trace once, then compile a program that takes only the state the step uses and
+            # returns only the state it rewrites (see _Layout).
+            closed = jax.jit(step).trace(originals, original_keys, batch_arrays).jaxpr
+            layout = _Layout(closed, record["rewritten"], len(state), len(devices),
+                             len(record["extra"]))
+            arrays = [*originals, *original_keys]
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
-                lowered = jitted.lower(originals, original_keys, batch_arrays)
-                compiled = lowered.compile()
+                compiled = jax.jit(layout.program, donate_argnums=0).lower(
+                    [arrays[i] for i in layout.donated], [arrays[i] for i in layout.read],
+                    batch_arrays).compile()
         except _CONCRETE_VALUE_ERRORS as e:
             self._undo_trace(state, originals, devices, original_keys, recorder)
             raise GraphModeError(
@@ -359,9 +434,14 @@ class GraphRunner:
         revealed = [t for t in record["read"] if id(t) not in state_ids]
         new_state = revealed + record["extra"]
         self._discover(new_state)
-        return _Program(compiled=compiled, state=list(state), devices=list(devices),
-                        extra_out=record["extra"], result_tree=record["tree"],
-                        result_kinds=record["kinds"], cacheable=not new_state, where=where)
+        donated, donated_devices = layout.pick(layout.donated, state, devices)
+        read, read_devices = layout.pick(layout.read, state, devices)
+        written, written_devices = layout.pick(layout.written, state, devices)
+        return _Program(compiled=compiled, donated=donated, donated_devices=donated_devices,
+                        read=read, read_devices=read_devices, written=written,
+                        written_devices=written_devices, extra_out=record["extra"],
+                        result_tree=record["tree"], result_kinds=record["kinds"],
+                        cacheable=not new_state, where=where)
 
     @staticmethod
     def _undo_trace(state, originals, devices, original_keys, recorder: _Recorder) -> None:
@@ -372,13 +452,15 @@ class GraphRunner:
                 t.data = jax.numpy.zeros(t.shape, t.dtype)
 
     # -- running -----------------------------------------------------------------------------
-    def _execute(self, prog: _Program, leaves: list) -> Any:
-        state_arrays = [t.data for t in prog.state]
-        keys = [d.key for d in prog.devices]
-        batch_arrays = [_leaf_array(x) for x in leaves if _is_traced_leaf(x)]
-        _unalias(state_arrays, keys, batch_arrays, id)
+    def _execute(self, prog: _Program, batch: list) -> Any:
+        # no trace hook is installed here (see run), so the arrays are read directly
+        donated = list(map(_array_of, prog.donated))
+        if prog.donated_devices:
+            donated += map(_key_of, prog.donated_devices)
+        read = [*map(_array_of, prog.read), *map(_key_of, prog.read_devices)]
+        _unalias(donated, read + batch, id)
         try:
-            outputs = prog.compiled(state_arrays, keys, batch_arrays)
+            outputs = prog.compiled(donated, read, batch)
         except TypeError as e:
             if "compiled" in str(e):  # a state tensor's shape/dtype changed since the trace
                 raise _InputsChanged() from e
@@ -388,12 +470,12 @@ class GraphRunner:
             # pointers waits for pending work, so it is only done when XLA complains)
             if "donate the same buffer" not in str(e):
                 raise
-            _unalias(state_arrays, keys, batch_arrays, _buffer_id)
-            outputs = prog.compiled(state_arrays, keys, batch_arrays)
+            _unalias(donated, read + batch, _buffer_id)
+            outputs = prog.compiled(donated, read, batch)
         new_state, new_keys, extra, res_arrays = outputs
-        for t, a in zip(prog.state, new_state):
+        for t, a in zip(prog.written, new_state):
             t._data = a  # a program output, on its device, no hook installed: skip the setter
-        for d, k in zip(prog.devices, new_keys):
+        for d, k in zip(prog.written_devices, new_keys):
             d.key = k
         for t, a in zip(prog.extra_out, extra):
             t.data = a
@@ -402,6 +484,56 @@ class GraphRunner:
             _assert_no_tracers(prog)
             prog.checked = True
         return _build_result(prog, res_arrays)
+
+
+class _Layout:
+    """Which state a traced step uses and rewrites, and the program over just those.
+
+    ``closed`` is the step traced over ALL state: inputs (state, keys, batch), outputs (state,
+    keys, extra, results). Holder ``i`` (a state tensor or a device key) is
+        donated    when the step reads and rewrites it (its old buffer can be reused),
+        read       when it only reads it (not donated: the Tensor keeps its array),
+        write-only when it rewrites it without reading (an output only),
+    and is left out of the program when the step does neither. Every input and output costs
+    a few microseconds per call, which shows on small models, and donating a buffer the step
+    does not rewrite would free an array the Tensor still holds."""
+
+    def __init__(self, closed, rewritten: List[bool], n_state: int, n_devices: int,
+                 n_extra: int):
+        jaxpr = closed.jaxpr
+        n_holders = n_state + n_devices
+        outvars = jaxpr.outvars
+        kept_out = [i for i in range(n_holders) if rewritten[i]]
+        kept_out += range(n_holders, len(outvars))
+        used = {v for eqn in jaxpr.eqns for v in eqn.invars if isinstance(v, jex_core.Var)}
+        used.update(outvars[i] for i in kept_out if isinstance(outvars[i], jex_core.Var))
+        is_used = [v in used for v in jaxpr.invars[:n_holders]]
+        self.donated = [i for i in range(n_holders) if rewritten[i] and is_used[i]]
+        self.read = [i for i in range(n_holders) if is_used[i] and not rewritten[i]]
+        self.written = [i for i in range(n_holders) if rewritten[i]]
+        self._closed = closed
+        self._n_state = n_state
+        self._n_holders = n_holders
+        self._kept_out = kept_out
+        self._n_extra = n_extra
+
+    def pick(self, indices: List[int], state: List[Tensor], devices: List[device_mod.Device]
+             ) -> Tuple[List[Tensor], List[device_mod.Device]]:
+        """The state tensors and the devices (whose keys) that ``indices`` name."""
+        return ([state[i] for i in indices if i < self._n_state],
+                [devices[i - self._n_state] for i in indices if i >= self._n_state])
+
+    def program(self, donated: list, read: list, batch: list):
+        flat: list = [None] * self._n_holders  # unused inputs: never read by the jaxpr
+        for i, a in zip(self.donated, donated):
+            flat[i] = a
+        for i, a in zip(self.read, read):
+            flat[i] = a
+        outs = jex_core.jaxpr_as_fun(self._closed)(*flat, *batch)
+        outs = [outs[i] for i in self._kept_out]
+        n_s = sum(i < self._n_state for i in self.written)
+        n_w = len(self.written)
+        return outs[:n_s], outs[n_s:n_w], outs[n_w:n_w + self._n_extra], outs[n_w + self._n_extra:]
 
 
 def _restore(state: List[Tensor], arrays: list, devices: List[device_mod.Device],
@@ -413,12 +545,12 @@ def _restore(state: List[Tensor], arrays: list, devices: List[device_mod.Device]
         d.key = k
 
 
+_array_of = operator.attrgetter("_data")
+_key_of = operator.attrgetter("key")
+
+
 def _is_traced_leaf(x: Any) -> bool:
     return isinstance(x, (Tensor, jax.Array, np.ndarray))
-
-
-def _leaf_array(x: Any):
-    return x.data if isinstance(x, Tensor) else x
 
 
 def _rebuild_leaves(leaves: list, arrays: list) -> list:
@@ -441,8 +573,9 @@ def _result_outputs(res_leaves: list) -> Tuple[List[Tuple], list]:
     for r in res_leaves:
         if isinstance(r, Tensor):
             arrays.append(r.data)
-            # every attribute of the traced result except its value and its traced graph
-            template = dict(vars(r), _data=None, creator=None)
+            # every attribute of the traced result except its value and its traced graph (a
+            # Tensor without a creator gets its Dummy when first asked, see Tensor.__getattr__)
+            template = {k: v for k, v in vars(r).items() if k not in ("_data", "creator")}
             kinds.append(("T", template))
         elif isinstance(r, jax.Array) or _is_tracer(r):
             kinds.append(("A",))
@@ -462,7 +595,6 @@ def _build_result(prog: _Program, arrays: list) -> Any:
             t = object.__new__(Tensor)
             t.__dict__.update(kind[1])
             t._data = next(it)  # a program output: already an array on its device
-            t.creator = Dummy(t)
             leaves.append(t)
         elif kind[0] == "A":
             leaves.append(next(it))
@@ -471,18 +603,17 @@ def _build_result(prog: _Program, arrays: list) -> Any:
     return jax.tree_util.tree_unflatten(prog.result_tree, leaves)
 
 
-def _unalias(state_arrays: list, keys: list, batch_arrays: list, buffer_id: Callable) -> None:
-    """Donated buffers must be distinct: copy a state array whose buffer another input also
-    holds (tied weights, a Tensor built over another's array)."""
-    ids = [buffer_id(a) for a in state_arrays + keys + batch_arrays]
-    if len(set(ids)) == len(ids):
+def _unalias(donated: list, others: list, buffer_id: Callable) -> None:
+    """Donated buffers must be distinct from each other and from every other input: copy a
+    donated array whose buffer is also passed elsewhere (tied weights, a Tensor built over
+    another's array)."""
+    if len(set(map(buffer_id, donated + others))) == len(donated) + len(others):
         return  # the usual case: all distinct
-    seen = {buffer_id(a) for a in batch_arrays}
-    for arrays in (state_arrays, keys):
-        for i, a in enumerate(arrays):
-            if buffer_id(a) in seen:
-                arrays[i] = a = a.copy()
-            seen.add(buffer_id(a))
+    seen = set(map(buffer_id, others))
+    for i, a in enumerate(donated):
+        if buffer_id(a) in seen:
+            donated[i] = a = a.copy()
+        seen.add(buffer_id(a))
 
 
 def _buffer_id(a) -> int:
@@ -500,8 +631,8 @@ def _detach(t: Tensor) -> None:
 
 
 def _assert_no_tracers(prog: _Program) -> None:
-    leaked = [t.name for t in prog.state + prog.extra_out if _is_tracer(t.data)]
-    leaked += [repr(d) for d in prog.devices if _is_tracer(d.key)]
+    leaked = [t.name for t in prog.written + prog.extra_out if _is_tracer(t.data)]
+    leaked += [repr(d) for d in prog.written_devices if _is_tracer(d.key)]
     if leaked:
         raise RuntimeError(f"graph mode: {prog.where} left traced values in {leaked}; this is a "
                            f"bug in singa_jax's graph mode")

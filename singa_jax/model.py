@@ -29,7 +29,8 @@ into one ``jax.jit`` program; otherwise every operator runs eagerly. Both give t
 from __future__ import annotations
 
 from functools import wraps
-from typing import Any, Dict, List, Sequence
+from types import MethodType
+from typing import Any, Dict, List, Sequence, Tuple
 
 from . import autograd, checkpoint, opt
 from .graph import GraphRunner, tensors_in
@@ -55,12 +56,15 @@ class ModelMeta(LayerMeta):
     def buffer_operation(func):
         @wraps(func)
         def wrapper(self, *args, **kwargs):
-            if self.graph_mode and self.training and not self._graph_runner.active:
+            runner = self._graph_runner
+            if self.graph_mode and self.training and not runner.active:
                 if not isinstance(_first_tensor(args), Tensor):
                     raise ValueError(f"{type(self).__name__}.train_one_batch: graph mode expects "
                                      f"a Tensor (or a list of Tensors) as first argument, got "
                                      f"{type(args[0]).__name__ if args else 'no arguments'}")
-                return self._run_graph(func, "train_one_batch", args, kwargs)
+                declared, static = self._declared_state()
+                return runner.run(MethodType(func, self), "train_one_batch", args, kwargs,
+                                  declared, True, static)
             return func(self, *args, **kwargs)
 
         wrapper.__wrapped_step__ = func
@@ -162,7 +166,9 @@ class Model(Layer, metaclass=ModelMeta):
             return self.train_one_batch(*input, **kwargs)
         if self.graph_mode and not self._graph_runner.active and \
                 isinstance(_first_tensor(input), Tensor):
-            return self._run_graph(type(self).forward, "forward", input, kwargs)
+            declared, static = self._declared_state()
+            return self._graph_runner.run(self.forward, "forward", input, kwargs, declared,
+                                          False, static)
         return self.forward(*input, **kwargs)
 
     # --- graph mode ------------------------------------------------------------------------------
@@ -196,17 +202,23 @@ class Model(Layer, metaclass=ModelMeta):
                          if sub.__dict__.get("_initialized", False))
         return found
 
-    def _declared_state(self) -> List[Tensor]:
-        """The step's declared state: the layers' tensors and, in training, every optimizer's.
+    def _declared_state(self) -> Tuple[Tuple[Tensor, ...], Tuple]:
+        """The step's declared state -- the layers' tensors and, in training, every optimizer's
+        -- and what the optimizers bake into a compiled step (their ``_static_key``).
 
         Cached until a layer attribute is assigned anywhere (``Layer.structure_version``) or an
-        optimizer's state set changes (``states_version``); a compiled step runs no layer or
-        optimizer code, so in steady state the cache always holds and no tree is walked."""
+        optimizer's attributes or state set change (``states_version``); a compiled step runs no
+        layer or optimizer code, so in steady state the cache always holds, no tree is walked and
+        the same tuple is returned (the graph runner keys on its identity)."""
         cached = self.__dict__.get("_declared_cache")
-        if cached is not None and cached[0] == (Layer.structure_version, self.training) and \
-                all(o.states_version == v for o, v in cached[1]):
-            return cached[2]
-        version = (Layer.structure_version, self.training)  # before anything below assigns
+        if cached is not None and cached[0] == Layer.structure_version and \
+                cached[1] == self.training:
+            for optimizer, version in cached[2]:
+                if optimizer.states_version != version:
+                    break
+            else:
+                return cached[3]
+        version = Layer.structure_version  # before anything below assigns
         declared = self._state_tensors()
         optimizers = self._optimizers() if self.training else []
         for optimizer in optimizers:
@@ -214,17 +226,12 @@ class Model(Layer, metaclass=ModelMeta):
             # ones) must be declared so that a replacement retraces; the ones it only rebinds
             # (lr_value, ...) are found by the first, recorded call
             declared += tensors_in(optimizer.get_states())
+        static = tuple(o._static_key() for o in optimizers if hasattr(o, "_static_key"))
         opt_versions = [(o, o.states_version) for o in optimizers]
-        self.__dict__["_declared_cache"] = (version, opt_versions, declared)  # no setattr bump
-        return declared
-
-    def _run_graph(self, func, name: str, args: tuple, kwargs: dict) -> Any:
-        declared = self._declared_state()
-
-        def step(*a, **k):
-            return func(self, *a, **k)
-
-        return self._graph_runner.run(step, name, args, kwargs, declared, self.training)
+        # stored without __setattr__, which would bump the structure version
+        self.__dict__["_declared_cache"] = (version, self.training, opt_versions,
+                                            (tuple(declared), static))
+        return self.__dict__["_declared_cache"][3]
 
     # --- checkpoints -----------------------------------------------------------------------------
     def save_states(self, fpath: str, aux_states: Dict[str, Any] = {},  # noqa: B006 (SINGA's)

@@ -11,7 +11,10 @@ Everything the optimizer remembers is a plain :class:`~singa_jax.tensor.Tensor`:
 
 * ``step_counter`` -- a float32 tensor of shape ``(1,)`` (SINGA's), incremented by :meth:`step`;
 * one ``<hyper>_value`` tensor per hyper-parameter (``lr_value``, ``mom_value``, ...), the value of
-  its :class:`DecayScheduler` at the current step, recomputed from ``step_counter`` with jnp;
+  its :class:`DecayScheduler` at the current step, recomputed by :meth:`Optimizer.step` (a
+  :class:`Constant`'s is set once and never rewritten). The update kernel evaluates the built-in
+  (pure) schedules itself from ``step_counter``, so it reads only the values of user schedules
+  that implement ``call`` on Tensors;
 * per-parameter slots (``moments``, ``running_average``, ``history``, ``m``/``v``), dicts keyed by
   the parameter's name, created (zero) on the parameter's first update.
 
@@ -34,7 +37,7 @@ import math
 import numbers
 import weakref
 from functools import partial
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -98,6 +101,11 @@ class DecayScheduler:
         cls = type(self)
         return cls.call is DecayScheduler.call and cls.value is not DecayScheduler.value
 
+    @property
+    def _constant(self) -> bool:
+        """Whether the value never changes (then the optimizer never rewrites its ``*_value``)."""
+        return False
+
     def _config(self) -> Optional[Tuple]:
         """Everything the value depends on, for the built-ins (None: compare by identity)."""
         return None
@@ -121,6 +129,10 @@ class DecayScheduler:
 
 class Constant(DecayScheduler):
     """The same value at every step: ``value(step) = init_value``."""
+
+    @property
+    def _constant(self) -> bool:
+        return type(self) is Constant  # a subclass may override value()
 
     def _config(self) -> Optional[Tuple]:
         return (Constant, self.init_value) if type(self) is Constant else None
@@ -257,15 +269,20 @@ def _adam_rule(config, h, step, p, g, slots):
     return p - h["lr"] * m_hat / (jnp.sqrt(v_hat) + h["epsilon"]), (m, v)
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2))
-def _fused_update(rule: UpdateRule, config: Tuple, decay: bool, hyper: Dict[str, jax.Array],
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
+                  schedules: Tuple[Tuple[str, DecayScheduler], ...], hyper: Dict[str, jax.Array],
                   step: jax.Array, params: List[jax.Array], grads: List[jax.Array],
                   slots: List[Tuple[jax.Array, ...]]):
     """One kernel updating every parameter of a step.
 
-    L2 weight decay (``g = g + weight_decay * p``) is applied first when ``decay``. Arithmetic
-    runs in at least float32; results are cast back to each param's/slot's dtype.
+    Hyper-parameters with a pure schedule are evaluated here at ``step`` (the value SINGA keeps
+    in ``*_value``), so the kernel needs no value tensors: a constant folds into the program;
+    ``hyper`` holds the values of the other schedules. L2 weight decay
+    (``g = g + weight_decay * p``) is applied first when ``decay``. Arithmetic runs in at least
+    float32; results are cast back to each param's/slot's dtype.
     """
+    hyper = {**{name: sched.value(step) for name, sched in schedules}, **hyper}
     new_params, new_slots = [], []
     step = step.reshape(()).astype(jnp.float32)
     for p, g, ss in zip(params, grads, slots):
@@ -317,7 +334,19 @@ class Optimizer:
 
     def __setattr__(self, name: str, value: Any) -> None:
         self._bump_states_version()
+        if name in self.__dict__.get("_hyper_names", ()):
+            # a new schedule (or number) for a hyper-parameter: validated like the
+            # constructor's, and its *_value follows at once
+            object.__setattr__(self, name, _as_schedule(type(self).__name__, name, value))
+            self._refresh_values()
+            return
         object.__setattr__(self, name, value)
+
+    def _static_key(self) -> Tuple:
+        """What a compiled step bakes in of this optimizer (its rule's switches and schedules):
+        graph mode keys its programs on it, so assigning ``sgd.lr = ...`` compiles anew."""
+        return (type(self), self._config(), self._decay_on(),
+                tuple(getattr(self, n) for n in self._hyper_names))
 
     def _bump_states_version(self) -> None:
         object.__setattr__(self, "states_version", self.states_version + 1)
@@ -349,20 +378,38 @@ class Optimizer:
     def _value_tensors(self) -> List[Tensor]:
         return [getattr(self, _HYPER_SPECS[n][0]) for n in self._hyper_names]
 
-    def _store_values(self, pure_values: Iterable[jax.Array]) -> None:
-        """Rebind every ``*_value`` tensor: pure schedules from ``pure_values`` (in order), the
-        others by calling them on the (already updated) step counter."""
-        it = iter(pure_values)
-        for sched, t in zip(self._schedules(), self._value_tensors()):
+    def _store_values(self, only_moving: bool, advance: bool) -> None:
+        """Rebind the ``*_value`` tensors to their schedules' values at the step counter (after
+        incrementing it when ``advance``): pure schedules in one kernel, the others by calling
+        them on the counter Tensor. With ``only_moving``, constants are skipped: their value
+        tensors already hold it, and leaving them untouched keeps them out of a compiled step."""
+        pairs = [(s, t) for s, t in zip(self._schedules(), self._value_tensors())
+                 if not (only_moving and s._constant)]
+        pure = tuple(s for s, _ in pairs if s._pure)
+        if advance:
+            nxt, values = _advance(pure, self.step_counter.data)
+            self.step_counter.data = nxt
+        else:
+            values = _eval_schedules(pure, self.step_counter.data) if pure else ()
+        it = iter(values)
+        for sched, t in pairs:
             t.data = next(it) if sched._pure else sched(self.step_counter).data
 
     def _refresh_values(self) -> None:
-        step = self.step_counter.data
-        pure = tuple(s for s in self._schedules() if s._pure)
-        self._store_values(_eval_schedules(pure, step) if pure else ())
+        self._store_values(only_moving=False, advance=False)
 
-    def _hyper_arrays(self) -> Dict[str, jax.Array]:
-        return {n: t.data for n, t in zip(self._hyper_names, self._value_tensors())}
+    def _update_hypers(self) -> Tuple[Tuple[Tuple[str, DecayScheduler], ...],
+                                      Dict[str, jax.Array]]:
+        """What the update kernel needs of the hyper-parameters: the pure schedules (static,
+        evaluated inside it) and the current values of the others."""
+        pure, values = [], {}
+        for name, tensor in zip(self._hyper_names, self._value_tensors()):
+            sched = getattr(self, name)
+            if sched._pure:
+                pure.append((name, sched))
+            else:
+                values[name] = tensor.data
+        return tuple(pure), values
 
     def _config(self) -> Tuple:
         """Static switches of the update rule (part of the compiled kernel's cache key)."""
@@ -415,10 +462,7 @@ class Optimizer:
 
     def step(self) -> None:
         """Increment the step counter and recompute every scheduled hyper-parameter at it."""
-        pure = tuple(s for s in self._schedules() if s._pure)
-        nxt, values = _advance(pure, self.step_counter.data)
-        self.step_counter.data = nxt
-        self._store_values(values)
+        self._store_values(only_moving=True, advance=True)
 
     def device_check(self, *inputs: Tensor) -> None:
         """Move every Tensor of ``inputs`` onto the device of the first one (SINGA's helper)."""
@@ -545,14 +589,15 @@ class Optimizer:
         by_device: Dict[Device, List[int]] = {}
         for i, (_, p, _) in enumerate(triples):
             by_device.setdefault(p.device, []).append(i)
-        hyper, step = self._hyper_arrays(), self.step_counter.data
+        schedules, hyper = self._update_hypers()
+        step = self.step_counter.data
         for dev, idx in by_device.items():
             h, s = hyper, step
             if dev is not self.step_counter.device:  # arrays of one kernel share a device
                 h = {k: dev.put(v) for k, v in hyper.items()}
                 s = dev.put(step)
             new_ps, new_slots = _fused_update(
-                type(self)._rule, self._config(), self._decay_on(), h, s,
+                type(self)._rule, self._config(), self._decay_on(), schedules, h, s,
                 [triples[i][1].data for i in idx], [triples[i][2].data for i in idx],
                 [tuple(t.data for t in slot_tensors[i]) for i in idx])
             for i, np_, nss in zip(idx, new_ps, new_slots):

@@ -169,6 +169,15 @@ class Tensor:
         if _hook is not None:
             _hook.created(self)
 
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when normal lookup fails. A Tensor built without __init__ (graph mode's
+        # results, made in bulk on every compiled step) gets its Dummy creator when first used.
+        if name == "creator":
+            from .autograd.engine import Dummy
+            creator = self.__dict__["creator"] = Dummy(self)
+            return creator
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
     # --- the array behind the handle --------------------------------------------------------
     @property
     def data(self) -> jax.Array:

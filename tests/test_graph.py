@@ -261,12 +261,13 @@ def test_stale_constant_trap(explore_first):
 
     autograd.training = False
     state = list(net.get_states().values())
-    first = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
+    as_training = explore_first  # only training calls are explored
+    first = np.asarray(runner.run(step, "f", (x,), {}, state, as_training).data)
     scale.data = jnp.asarray(3.0, jnp.float32)
-    second = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
+    second = np.asarray(runner.run(step, "f", (x,), {}, state, as_training).data)
     np.testing.assert_allclose(second, 3 * first, rtol=1e-5)
     scale.data = jnp.asarray(-1.0, jnp.float32)
-    third = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
+    third = np.asarray(runner.run(step, "f", (x,), {}, state, as_training).data)
     np.testing.assert_allclose(third, -first, rtol=1e-5)
     # traced first: the program with the constant runs once, then scale is an input;
     # explored first: the eager call revealed scale, the only trace takes it as input
@@ -362,12 +363,93 @@ def test_state_rebound_to_a_new_shape_retraces():
 def test_unalias_copies_arrays_sharing_a_buffer():
     from singa_jax.graph import _buffer_id, _unalias
     a, b = jnp.ones(3), jnp.zeros(3)
-    state, keys, batch_arrays = [a, a, b], [jax.random.PRNGKey(0)], [b]
-    _unalias(state, keys, batch_arrays, id)
-    assert state[0] is a and state[1] is not a and state[2] is not b  # copies...
-    np.testing.assert_array_equal(np.asarray(state[1]), np.asarray(a))  # ...of the same values
-    assert len({_buffer_id(x) for x in state + keys + batch_arrays}) == 5
+    key = jax.random.PRNGKey(0)
+    donated, others = [a, a, b, key], [b, key]
+    _unalias(donated, others, id)
+    assert donated[0] is a and donated[1] is not a  # copies...
+    assert donated[2] is not b and donated[3] is not key  # ...of what other inputs also hold...
+    np.testing.assert_array_equal(np.asarray(donated[1]), np.asarray(a))  # ...of the same values
+    assert len({_buffer_id(x) for x in donated + others}) == 6
     fresh = [jnp.ones(2), jnp.ones(2) + 1]
     before = list(fresh)
-    _unalias(fresh, [], [], _buffer_id)  # nothing shared: nothing copied
+    _unalias(fresh, [jnp.zeros(2)], _buffer_id)  # nothing shared: nothing copied
     assert all(x is y for x, y in zip(fresh, before))
+
+
+def test_program_takes_only_the_state_it_uses_and_returns_only_what_it_rewrites():
+    net, opt, runner = Net(dropout=False), MomentumSGD(), GraphRunner()
+    frozen = Tensor(data=np.ones(3, np.float32), requires_grad=False)  # read, never written
+    unused = Tensor(data=np.zeros(2, np.float32), requires_grad=False)  # declared, never touched
+    counter = Tensor(data=np.zeros((), np.float32), requires_grad=False)  # written, never read
+
+    def step(a, b):
+        out, loss = train_one_batch(net, opt, a, b)
+        counter.data = jnp.full((), 7.0)  # overwritten without being read
+        return AddBias()(out, frozen)[0], loss
+
+    declared = list(net.get_states().values()) + tensors_in(opt) + [frozen, unused, counter]
+    x, y = batch(0)
+    frozen_array, unused_array = frozen.data, unused.data
+    for _ in range(3):
+        out, _ = runner.run(step, "t", (x, y), {}, declared, True)
+    (prog,) = runner.programs.values()
+    names = lambda ts: {id(t) for t in ts}  # noqa: E731
+    assert id(frozen) in names(prog.read) and id(frozen) not in names(prog.written)
+    assert id(unused) not in names(prog.read + prog.donated + prog.written)
+    assert id(counter) in names(prog.written) and id(counter) not in names(prog.donated)
+    assert id(net.w1) in names(prog.donated) and id(net.w1) in names(prog.written)
+    # no dropout: the device key is neither passed nor returned, and stays as it was
+    assert prog.donated_devices == prog.read_devices == prog.written_devices == []
+    # read-only and untouched state keeps its (not donated) arrays; the rewritten one is concrete
+    assert frozen.data is frozen_array and not frozen_array.is_deleted()
+    assert unused.data is unused_array and not unused_array.is_deleted()
+    assert float(counter.data) == 7.0
+    # the same three steps eagerly give the same output
+    eager_net, eager_opt = Net(dropout=False), MomentumSGD()
+    for _ in range(3):
+        eager_out, _ = train_one_batch(eager_net, eager_opt, x, y)
+    np.testing.assert_allclose(np.asarray(out.data), np.asarray(eager_out.data) + 1.0,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_eval_does_not_donate_parameters():
+    net, runner = Net(dropout=False), GraphRunner()
+    autograd.training = False
+    x, _ = batch(0)
+    state = list(net.get_states().values())
+    arrays = [t.data for t in state]
+    out = runner.run(net.forward, "f", (x,), {}, state, False)
+    assert runner.trace_count == 1  # an evaluation call compiles at once (it is not explored)
+    for _ in range(2):
+        out = runner.run(net.forward, "f", (x,), {}, state, False)
+    assert runner.trace_count == 1
+    (prog,) = runner.programs.values()
+    assert prog.donated == [] and prog.written == []
+    assert all(t.data is a and not a.is_deleted() for t, a in zip(state, arrays))
+    np.testing.assert_allclose(np.asarray(out.data), np.asarray(net.forward(x).data), rtol=1e-6)
+
+
+def test_a_compiled_model_called_inside_another_step_is_traced_inline():
+    inner_net = Net(dropout=False)
+    inner = GraphRunner("inner")
+    outer_opt, outer = MomentumSGD(), GraphRunner("outer")
+
+    def inner_forward(a):
+        return inner.run(inner_net.forward, "f", (a,), {},
+                         list(inner_net.get_states().values()), True)
+
+    def outer_step(a, b):  # trains the inner network's parameters through the outer program
+        loss = XEnt()(inner_forward(a), b)[0]
+        outer_opt(loss)
+        return loss
+
+    eager_net, eager_opt = Net(dropout=False), MomentumSGD()
+    for s in range(4):
+        x, y = batch(s)
+        loss = outer.run(outer_step, "t", (x, y), {}, [], True)
+        eager_loss = XEnt()(eager_net.forward(x), y)[0]
+        eager_opt(eager_loss)
+        np.testing.assert_allclose(float(loss.data), float(eager_loss.data), rtol=1e-5)
+    assert outer.trace_count == 1 and inner.trace_count == 0  # inner ran inside outer's program
+    np.testing.assert_allclose(np.asarray(inner_net.w1.data), np.asarray(eager_net.w1.data),
+                               rtol=1e-5, atol=1e-6)

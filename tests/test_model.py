@@ -296,3 +296,41 @@ def test_replaced_parameter_tensor_is_used_by_the_compiled_step():
     assert not np.allclose(moved, new_value)  # the new one was read and updated
     # and the update started from the new value: one SGD step moves it by at most lr * |grad|
     assert np.abs(moved - new_value).max() < 1.0
+
+
+def test_compiled_step_carries_only_the_state_it_changes():
+    m = build(MLP, lambda: opt.SGD(lr=0.1, momentum=0.9), True, MLP_IN)
+    for s in range(3):
+        m(*data(MLP_IN, s))
+    (prog,) = m._graph_runner.programs.values()
+    ids = lambda ts: {id(t) for t in ts}  # noqa: E731
+    sgd = m.optimizer
+    carried = ids(prog.donated + prog.read + prog.written)
+    # constant hyper-parameters fold into the program: their value tensors are not carried
+    assert not ids([sgd.lr_value, sgd.mom_value, sgd.dam_value, sgd.decay_value]) & carried
+    rewritten = list(m.get_params().values()) + list(sgd.get_states().values())
+    assert ids(rewritten) <= ids(prog.donated) and ids(prog.written) == ids(prog.donated)
+    assert prog.donated_devices == [device.get_default_device()]  # dropout advances the key
+
+
+@pytest.mark.parametrize("use_graph", [False, True], ids=["eager", "graph"])
+def test_assigning_a_hyper_parameter_takes_effect(use_graph):
+    m = build(MLP, lambda: opt.SGD(lr=0.1, momentum=0.9), use_graph, MLP_IN)
+    for s in range(3):
+        m(*data(MLP_IN, s))
+    with pytest.raises(ValueError, match="SGD: invalid lr"):
+        m.optimizer.lr = -1.0  # validated like the constructor's, nothing changes
+    assert m.optimizer.lr == opt.Constant(0.1)
+    m.optimizer.lr = 0.0  # a number becomes a Constant; lr_value follows at once
+    assert float(m.optimizer.lr_value.data[0]) == 0.0
+    frozen = {k: tensor.to_numpy(v) for k, v in m.get_params().items()}
+    for s in range(3, 5):
+        m(*data(MLP_IN, s))  # graph mode compiles a new program: lr is baked in
+    for k, v in m.get_params().items():
+        np.testing.assert_array_equal(tensor.to_numpy(v), frozen[k], err_msg=k)
+    m.optimizer.lr = opt.ExponentialDecay(0.1, 1, 0.5)
+    m(*data(MLP_IN, 5))
+    assert any(not np.array_equal(tensor.to_numpy(v), frozen[k])
+               for k, v in m.get_params().items())
+    np.testing.assert_allclose(tensor.to_numpy(m.optimizer.lr_value), [0.1 * 0.5 ** 6],
+                               rtol=1e-6)

@@ -254,6 +254,42 @@ def test_user_schedulers_pure_and_subclassed():
     assert LoudDecay(0.4, 1, 0.5) != LoudDecay(0.4, 1, 0.5)
 
 
+def test_update_evaluates_each_schedule_at_the_current_step():
+    # pure schedules run inside the update kernel; a Tensor-written one is read from *_value
+    o = opt.SGD(lr=Warmup(0.3), momentum=StepDropMomentum(0.5))
+    p = Tensor(data=np.zeros(2, np.float32), stores_grad=True, name="p")
+    g = Tensor(data=np.ones(2, np.float32))
+    buf, expected = 0.0, 0.0
+    for t in range(4):
+        o.update(p, g)
+        o.step()
+        buf = (0.5 if t < 2 else 0.25) * buf + 1.0
+        expected -= [0.1, 0.2, 0.3, 0.3][t] * buf
+    np.testing.assert_allclose(np.asarray(p.data), expected, rtol=1e-6)
+
+
+class StepDropMomentum(opt.DecayScheduler):
+    def call(self, step):
+        return Tensor(data=jnp.where(step.data < 2, 1.0, 0.5) * self.init_value,
+                      requires_grad=False)
+
+
+def test_constant_values_are_set_once_and_moving_ones_every_step():
+    o = opt.SGD(lr=0.1, momentum=0.9, weight_decay=opt.ExponentialDecay(0.1, 1, 0.5))
+    lr_array, mom_array, decay_array = o.lr_value.data, o.mom_value.data, o.decay_value.data
+    for _ in range(3):
+        o.step()
+    # a constant's value tensor is never rewritten (so a compiled step need not carry it)...
+    assert o.lr_value.data is lr_array and o.mom_value.data is mom_array
+    np.testing.assert_allclose(np.asarray(o.lr_value.data), [0.1], rtol=1e-7)
+    # ...a moving schedule's is, at every step
+    assert o.decay_value.data is not decay_array
+    np.testing.assert_allclose(np.asarray(o.decay_value.data), [0.1 * 0.5 ** 3], rtol=1e-6)
+    o.set_states({"step_counter": 1.0})  # set_states refreshes all of them
+    np.testing.assert_allclose(np.asarray(o.decay_value.data), [0.05], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(o.lr_value.data), [0.1], rtol=1e-7)
+
+
 # ---------------------------------------------------------------------------------------------
 # State: checkpoint round trip, set_states forms and validation
 # ---------------------------------------------------------------------------------------------
@@ -352,7 +388,7 @@ def test_one_kernel_launch_per_step(monkeypatch):
     real = opt._fused_update
 
     def counting(*args):
-        calls.append(len(args[5]))  # the list of params
+        calls.append(len(args[6]))  # the list of params
         return real(*args)
 
     monkeypatch.setattr(opt, "_fused_update", counting)
