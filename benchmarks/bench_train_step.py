@@ -172,8 +172,8 @@ def bench(kind: str, batch: int, steps: int) -> Dict[str, float]:
         jax_state["p"], jax_state["m"], loss = jstep(jax_state["p"], jax_state["m"], xj, yj)
         jax.block_until_ready((loss, jax_state["p"][0]))
 
-    # first calls: graph mode runs its first step eagerly (discovering the optimizer's lazily
-    # created slots), then traces and compiles the whole step once, on the second call
+    # first calls: graph mode's first program meets the optimizer's lazily created slots, runs
+    # once (quickly compiled) and hands them over; the second call compiles the program kept
     t0 = time.perf_counter()
     graph_step()
     first = time.perf_counter() - t0
@@ -184,8 +184,8 @@ def bench(kind: str, batch: int, steps: int) -> Dict[str, float]:
     jax_step()
     jax_first = time.perf_counter() - t0
     eager_step()
-    print(f"[{kind}] graph mode: first call (eager, finds state) {first:.3f}s, second call "
-          f"(trace + XLA compile) {second:.3f}s of which tracing+compiling "
+    print(f"[{kind}] graph mode: first call (trace + quick one-off compile + run) {first:.3f}s, "
+          f"second call (trace + XLA compile + run) {second:.3f}s of which tracing+compiling "
           f"{graph_net._graph_runner.last_compile_seconds:.3f}s; hand-written jax.jit first call "
           f"{jax_first:.3f}s")
 

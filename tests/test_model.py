@@ -119,9 +119,10 @@ def test_mlp_with_dropout_graph_equals_eager(name):
     graph, lg = train(MLP, OPTIMIZERS[name], True, MLP_IN)
     np.testing.assert_allclose(lg, le, rtol=1e-5)
     assert_same_states(snapshot(eager), snapshot(graph))
-    # the first step runs eagerly (revealing the optimizer's lazily created slots); the second
-    # compiles the whole step once and the program is reused from then on
-    assert graph._graph_runner.trace_count == 1
+    # the first step's program meets the optimizer's lazily created slots and runs once; the
+    # second trace takes them as inputs and its program is reused from then on
+    assert graph._graph_runner.trace_count == 2
+    assert len(graph._graph_runner.programs) == 1
     assert eager._graph_runner.trace_count == 0
 
 
@@ -151,7 +152,7 @@ def test_new_batch_size_retraces_and_old_programs_are_reused():
     sizes = [4, 4, 6, 4, 6]
     graph, losses = train(SmallCNN, OPTIMIZERS["adam"], True, CNN_IN, steps=5, sizes=sizes)
     assert np.isfinite(losses).all()
-    assert graph._graph_runner.trace_count == 2  # batch 4 (after the eager first step), 6
+    assert graph._graph_runner.trace_count == 3  # batch 4 (twice: the first one-off), 6
     assert len(graph._graph_runner.programs) == 2
 
 
@@ -215,13 +216,14 @@ class Branchy(MLP):
 
 def test_value_dependent_control_flow_raises_clear_error():
     m = build(Branchy, OPTIMIZERS["sgd_momentum"], True, MLP_IN)
-    m(*data(MLP_IN, 0))  # the first call runs eagerly; the error comes with the first trace
     before = {k: tensor.to_numpy(v) for k, v in m.get_states().items()}
     with pytest.raises(GraphModeError, match=r"Branchy\.train_one_batch.*use_graph=False"):
-        m(*data(MLP_IN, 0))
+        m(*data(MLP_IN, 0))  # the first call traces
     for k, v in m.get_states().items():
         assert not isinstance(v.data, jax.core.Tracer)
         np.testing.assert_array_equal(before[k], tensor.to_numpy(v))
+    for k, v in m.optimizer.get_states().items():  # slots the failed trace created: no tracers
+        assert not isinstance(v.data, jax.core.Tracer), k
     m.graph(False)  # the suggested fix works
     _, loss = m(*data(MLP_IN, 0))
     assert np.isfinite(tensor.to_numpy(loss)).all()
@@ -290,7 +292,7 @@ def test_replaced_parameter_tensor_is_used_by_the_compiled_step():
     old_value = tensor.to_numpy(old)
     x, y = data(MLP_IN, 3)
     m(x, y)
-    assert m._graph_runner.trace_count == 2  # the replacement made a new program
+    assert m._graph_runner.trace_count == 3  # the replacement made a new program
     np.testing.assert_array_equal(tensor.to_numpy(old), old_value)  # the old tensor is left alone
     moved = tensor.to_numpy(m.fc2.W)
     assert not np.allclose(moved, new_value)  # the new one was read and updated
