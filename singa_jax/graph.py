@@ -78,6 +78,9 @@ _CONCRETE_VALUE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerB
 # How many programs one call signature may keep for different sets of state tensors.
 _PROGRAMS_PER_CALL = 4
 
+# After this many consecutive one-off programs of a method, warn that every call compiles.
+_ONE_OFFS_BEFORE_WARNING = 5
+
 # A program that will run only once (its trace met new state, so the next call retraces) is
 # compiled without the backend's expensive optimisations: compiling is then most of its cost.
 _ONE_OFF_OPTIONS = {"xla_backend_optimization_level": 0,
@@ -259,6 +262,7 @@ class GraphRunner:
         self.active = False                  # True while exploring/tracing (no nesting)
         self._declared_ids: Tuple[Any, Tuple[int, ...]] = (None, ())
         self._last: Tuple[Any, Any] = (None, None)  # (key, program) of the last compiled call
+        self._one_offs: Dict[str, int] = {}  # consecutive non-cacheable traces, per method
 
     # -- public entry ------------------------------------------------------------------------
     def run(self, fn: Callable, name: str, args: tuple, kwargs: dict,
@@ -302,6 +306,7 @@ class GraphRunner:
         prog = self._trace(fn, f"{self.owner_name}.{name}", leaves, arg_tree, arrays, state,
                            device_mod.all_devices())
         if prog.cacheable:
+            self._one_offs.pop(name, None)
             # programs of the same call for other state tensors (replaced slots, ...) are most
             # likely dead: keep only the newest few, and drop the references the others hold
             same_call = [k for k in self.programs if k[:4] == key[:4]]
@@ -309,7 +314,21 @@ class GraphRunner:
                 del self.programs[old]
             self._last = (None, None)
             self.programs[key] = prog
+        else:
+            self._count_one_off(name, prog)
         return self._execute(prog, arrays)
+
+    def _count_one_off(self, name: str, prog: _Program) -> None:
+        """Warn (once per method) when every trace keeps meeting new state: then every call
+        compiles, which is correct but slow -- typically a Tensor created and kept per step."""
+        count = self._one_offs[name] = self._one_offs.get(name, 0) + 1
+        if count == _ONE_OFFS_BEFORE_WARNING:
+            kept = sorted({str(t.name) for t in prog.extra_out})[:5]
+            warnings.warn(
+                f"graph mode: {prog.where} met new state on each of its last {count} calls, so "
+                f"each call compiled a new program (Tensors such as {kept} are created and kept "
+                f"by every step). Keep step state in Tensors that persist and rebind their "
+                f".data, or run eagerly with model.graph(False).", RuntimeWarning, stacklevel=4)
 
     # -- state -------------------------------------------------------------------------------
     def _state_ids(self, declared: Sequence[Tensor]) -> Tuple[int, ...]:

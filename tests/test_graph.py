@@ -454,3 +454,20 @@ def test_a_compiled_model_called_inside_another_step_is_traced_inline():
     assert outer.trace_count == 2 and inner.trace_count == 0
     np.testing.assert_allclose(np.asarray(inner_net.w1.data), np.asarray(eager_net.w1.data),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_that_keeps_new_state_every_call_is_correct_and_warned_about():
+    history = []  # a Tensor created and kept by every step: each call meets new state
+
+    def step(a):
+        out = Tensor(data=a.data * 2.0, requires_grad=False)
+        history.append(out)
+        return out
+
+    runner, x = GraphRunner(), batch(0)[0]
+    with pytest.warns(RuntimeWarning, match=r"met new state on each of its last 5 calls"):
+        for _ in range(5):
+            runner.run(step, "f", (x,), {}, [], False)
+    assert runner.trace_count == 5 and not runner.programs
+    for t in history:  # every kept Tensor got its concrete value
+        np.testing.assert_allclose(np.asarray(t.data), 2 * np.asarray(x.data), rtol=1e-6)
