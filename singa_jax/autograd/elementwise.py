@@ -151,12 +151,15 @@ def functional(op_cls: type, name: str, params: Sequence[str], doc: str = "") ->
         inspect.Parameter(p.lstrip("*"), inspect.Parameter.VAR_POSITIONAL if p.startswith("*")
                           else inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
 
+    variadic = any(p.startswith("*") for p in params)
+
     def f(*args, **kwargs):
-        try:
-            bound = sig.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"{name}(): {e}") from None
-        return op_cls()(*bound.args)[0]
+        if kwargs or variadic or len(args) != len(params):  # the usual call skips the binding
+            try:
+                args = sig.bind(*args, **kwargs).args
+            except TypeError as e:
+                raise TypeError(f"{name}(): {e}") from None
+        return op_cls()(*args)[0]
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = doc or op_cls.__doc__

@@ -57,6 +57,10 @@ def _pullback(vjp_fn, dys):
     return vjp_fn(dys)
 
 
+def _aval(y: jax.Array) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(y.shape, y.dtype)
+
+
 def _differentiable(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.inexact)
 
@@ -90,7 +94,7 @@ class Function(Operator):
                 diff = tuple(_differentiable(x) for x in xs)
                 ys, self._vjp = _forward_vjp(fn, static, diff, *xs)
                 self._diff = diff
-                self._out = jax.tree_util.tree_map(lambda y: jax.ShapeDtypeStruct(y.shape, y.dtype), ys)
+                self._out = (tuple(map(_aval, ys)) if isinstance(ys, tuple) else _aval(ys))
             else:
                 ys = _forward(fn, static, *xs)
         except (TypeError, ValueError) as e:
