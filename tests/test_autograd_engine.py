@@ -188,3 +188,51 @@ def test_memory_does_not_grow_over_many_steps(rng):
 def test_forward_rejects_non_tensor_inputs():
     with pytest.raises(TypeError, match="Tensor"):
         autograd.relu(np.ones(3))
+
+
+class _Scale(Operator):
+    """y = 2 x, written as a user Operator (no jax kernel)."""
+
+    def forward(self, x):
+        return 2.0 * x
+
+    def backward(self, dy):
+        return 2.0 * dy
+
+
+def test_gradient_is_yielded_when_a_freed_intermediate_shared_the_parameters_id():
+    # An intermediate Tensor nobody keeps is freed during the forward pass (its consumers record
+    # only its id); CPython may hand that id to a Tensor made later, such as a parameter a layer
+    # builds lazily. The engine must not mistake the two (SINGA keys its counts by id alone).
+    x = Tensor(data=np.ones(3, np.float32), requires_grad=True)
+    h2 = _Scale()(_Scale()(x)[0])[0]  # the first output is now referenced only by id
+    (src_op, freed_id, _, _), = h2.creator.src
+    w = Tensor(data=np.arange(3, dtype=np.float32), stores_grad=True, name="w")
+    loss = autograd.reduce_sum(autograd.mul(h2, w))
+    # make w look exactly like an allocator that reused the freed id: same id in every record
+    mul_op = loss.creator.src[0][0]
+    entry = [i for i, s in enumerate(mul_op.src) if s[2] is w][0]
+    mul_op.src[entry] = (w.creator, freed_id, w, True)
+    w.creator.y_id2idx = {freed_id: 0}
+    grads = dict((t.name, np.asarray(g.data)) for t, g in autograd.backward(loss))
+    np.testing.assert_allclose(grads["w"], 4.0 * np.ones(3))  # d(sum(4x * w))/dw = 4x
+
+
+def test_every_parameter_gets_its_gradient_when_ids_are_reused():
+    # the same, with CPython actually reusing the id (skipped if the allocator does not)
+    x = Tensor(data=np.ones(3, np.float32), requires_grad=True)
+    h1 = _Scale()(x)[0]
+    h2 = _Scale()(h1)[0]
+    freed_id = id(h1)
+    del h1
+    kept = []
+    for _ in range(2000):
+        w = Tensor(data=np.arange(3, dtype=np.float32), stores_grad=True, name="w")
+        if id(w) == freed_id:
+            break
+        kept.append(w)
+    else:
+        pytest.skip("CPython did not reuse the freed Tensor's id")
+    loss = autograd.reduce_sum(autograd.mul(h2, w))
+    grads = {t.name: np.asarray(g.data) for t, g in autograd.backward(loss)}
+    np.testing.assert_allclose(grads["w"], 4.0 * np.ones(3))

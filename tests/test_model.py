@@ -336,3 +336,21 @@ def test_assigning_a_hyper_parameter_takes_effect(use_graph):
                for k, v in m.get_params().items())
     np.testing.assert_allclose(tensor.to_numpy(m.optimizer.lr_value), [0.1 * 0.5 ** 6],
                                rtol=1e-6)
+
+
+def test_graph_mode_without_compile_builds_parameters_inside_the_first_step():
+    """No compile(): the layers build their parameters inside the first (traced) step; they
+    leave that program as outputs and are state from the second call on. Same numbers as eager
+    (this once exposed an engine bug: a freed intermediate's id reused by a new parameter)."""
+    runs = []
+    for use_graph in (False, True):
+        device.get_default_device().SetRandSeed(3)
+        m = MLP()
+        m.set_optimizer(OPTIMIZERS["adam"]())
+        m.train(True)
+        m.graph(use_graph)
+        losses = [tensor.to_numpy(m(*data(MLP_IN, s))[1]).item() for s in range(4)]
+        runs.append((np.array(losses), snapshot(m)))
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-5)
+    assert_same_states(runs[0][1], runs[1][1])
+    assert len(runs[1][1]) == 4 + 1 + 8 + 1  # params, step counter, m and v slots, key

@@ -122,7 +122,13 @@ class Dummy(Operator):
 
 def infer_dependency(op: Operator) -> Tuple[Counter, Counter]:
     """For the graph ending at ``op``: how many uses each operator's outputs have
-    (``op_count``) and how many uses each tensor has (``tensor_count``, keyed by id)."""
+    (``op_count``) and how many uses each tensor has (``tensor_count``).
+
+    SINGA keys ``tensor_count`` by ``id(tensor)``; here the key is ``(creator, id(tensor))``.
+    An intermediate Tensor nobody keeps is freed during the forward pass (``src`` records only
+    its id), and CPython may give its id to a Tensor made later, say a parameter a layer builds
+    lazily: keyed by id alone, the two would share one count and the parameter's gradient would
+    never be yielded. The creator (alive while the graph is) tells them apart."""
     op_count: Counter = Counter()
     tensor_count: Counter = Counter()
     queue = deque([op])
@@ -134,7 +140,7 @@ def infer_dependency(op: Operator) -> Tuple[Counter, Counter]:
             if src_op not in op_count and src_op.requires_grad:
                 queue.append(src_op)
             op_count[src_op] += 1
-            tensor_count[xid] += 1
+            tensor_count[src_op, xid] += 1
     return op_count, tensor_count
 
 
@@ -210,8 +216,8 @@ def backward(y: Tensor, dy: Any = None) -> Iterator[Tuple[Tensor, Tensor]]:
             if dx is not None:
                 grads[y_idx] = dx if grads[y_idx] is None else grads[y_idx] + dx
             op_dep[src_op] -= 1
-            tensor_dep[x_id] -= 1
-            if x_stores_grad and tensor_dep[x_id] == 0 and grads[y_idx] is not None:
+            tensor_dep[src_op, x_id] -= 1
+            if x_stores_grad and tensor_dep[src_op, x_id] == 0 and grads[y_idx] is not None:
                 gx = grads[y_idx]
                 yield x, Tensor(device=x.device, data=gx, name=src_op.grad_name(y_idx))
             if op_dep[src_op] == 0:
