@@ -391,6 +391,7 @@ class GraphRunner:
         original_keys = [d.key for d in devices]
         recorder = _Recorder(state)
         record: Dict[str, Any] = {}
+        state_ids = {id(t) for t in state}
 
         def step(state_arrays, keys, batch_arrays):
             for t, a in zip(state, state_arrays):
@@ -411,7 +412,6 @@ class GraphRunner:
             # objects keep (optimizer slots, lazily built parameters) are found alive below.
             del result, res_leaves, args, kwargs, call_leaves
             gc.collect()
-            state_ids = {id(t) for t in state}
             written = [t for t in recorder.undeclared_written.values() if id(t) not in state_ids]
             alive = recorder.alive_created(state_ids)
             written_ids = {id(t) for t in written}
@@ -432,7 +432,6 @@ class GraphRunner:
             layout = _Layout(closed, record["rewritten"], len(state), len(devices),
                              len(record["extra"]))
             arrays = [*originals, *original_keys]
-            state_ids = {id(t) for t in state}
             new_state = [t for t in record["read"] if id(t) not in state_ids] + record["extra"]
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
@@ -537,6 +536,9 @@ class _Layout:
         self._n_state = n_state
         self._n_holders = n_holders
         self._kept_out = kept_out
+        # output slices: new state values, new keys, extra outputs, results
+        self._n_state_out = sum(i < n_state for i in self.written)
+        self._n_written = len(self.written)
         self._n_extra = n_extra
 
     def pick(self, indices: List[int], state: List[Tensor], devices: List[device_mod.Device]
@@ -553,9 +555,8 @@ class _Layout:
             flat[i] = a
         outs = jex_core.jaxpr_as_fun(self._closed)(*flat, *batch)
         outs = [outs[i] for i in self._kept_out]
-        n_s = sum(i < self._n_state for i in self.written)
-        n_w = len(self.written)
-        return outs[:n_s], outs[n_s:n_w], outs[n_w:n_w + self._n_extra], outs[n_w + self._n_extra:]
+        n_s, n_w, n_e = self._n_state_out, self._n_written, self._n_written + self._n_extra
+        return outs[:n_s], outs[n_s:n_w], outs[n_w:n_e], outs[n_e:]
 
 
 def _restore(state: List[Tensor], arrays: list, devices: List[device_mod.Device],

@@ -56,15 +56,12 @@ class ModelMeta(LayerMeta):
     def buffer_operation(func):
         @wraps(func)
         def wrapper(self, *args, **kwargs):
-            runner = self._graph_runner
-            if self.graph_mode and self.training and not runner.active:
+            if self.graph_mode and self.training and not self._graph_runner.active:
                 if not isinstance(_first_tensor(args), Tensor):
                     raise ValueError(f"{type(self).__name__}.train_one_batch: graph mode expects "
                                      f"a Tensor (or a list of Tensors) as first argument, got "
                                      f"{type(args[0]).__name__ if args else 'no arguments'}")
-                declared, static = self._declared_state()
-                return runner.run(MethodType(func, self), "train_one_batch", args, kwargs,
-                                  declared, True, static)
+                return self._run_graph(MethodType(func, self), "train_one_batch", args, kwargs)
             return func(self, *args, **kwargs)
 
         wrapper.__wrapped_step__ = func
@@ -166,9 +163,7 @@ class Model(Layer, metaclass=ModelMeta):
             return self.train_one_batch(*input, **kwargs)
         if self.graph_mode and not self._graph_runner.active and \
                 isinstance(_first_tensor(input), Tensor):
-            declared, static = self._declared_state()
-            return self._graph_runner.run(self.forward, "forward", input, kwargs, declared,
-                                          False, static)
+            return self._run_graph(self.forward, "forward", input, kwargs)
         return self.forward(*input, **kwargs)
 
     # --- graph mode ------------------------------------------------------------------------------
@@ -226,12 +221,16 @@ class Model(Layer, metaclass=ModelMeta):
             # ones) must be declared so that a replacement retraces; the ones it only rebinds
             # (lr_value, ...) are found by the first, recorded call
             declared += tensors_in(optimizer.get_states())
-        static = tuple(o._static_key() for o in optimizers if hasattr(o, "_static_key"))
+        static = tuple(o._static_key() for o in optimizers)
         opt_versions = [(o, o.states_version) for o in optimizers]
         # stored without __setattr__, which would bump the structure version
         self.__dict__["_declared_cache"] = (version, self.training, opt_versions,
                                             (tuple(declared), static))
         return self.__dict__["_declared_cache"][3]
+
+    def _run_graph(self, fn, name: str, args: tuple, kwargs: dict) -> Any:
+        declared, static = self._declared_state()
+        return self._graph_runner.run(fn, name, args, kwargs, declared, self.training, static)
 
     # --- checkpoints -----------------------------------------------------------------------------
     def save_states(self, fpath: str, aux_states: Dict[str, Any] = {},  # noqa: B006 (SINGA's)

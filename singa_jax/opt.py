@@ -345,8 +345,7 @@ class Optimizer:
     def _static_key(self) -> Tuple:
         """What a compiled step bakes in of this optimizer (its rule's switches and schedules):
         graph mode keys its programs on it, so assigning ``sgd.lr = ...`` compiles anew."""
-        return (type(self), self._config(), self._decay_on(),
-                tuple(getattr(self, n) for n in self._hyper_names))
+        return (type(self), self._config(), tuple(self._schedules()))
 
     def _bump_states_version(self) -> None:
         object.__setattr__(self, "states_version", self.states_version + 1)

@@ -151,26 +151,10 @@ def fill_like(value, shape: Tuple[int, ...], dtype) -> jax.Array:
     return jnp.broadcast_to(jnp.asarray(value, dtype), shape)
 
 
-# The default root gradient (ones) of small outputs (losses) per (shape, dtype, device): arrays
-# are immutable, so one seeds every backward from such a loss without a kernel launch. Only
-# used internally (never handed to the user, who could pass it somewhere that donates it).
-_ONES: Dict[Tuple, jax.Array] = {}
-_ONES_MAX_SIZE, _ONES_MAX_ENTRIES = 4096, 64
-
-
 def _root_grad(y: Tensor, dy) -> jax.Array:
     """The gradient fed into ``y.creator``: ``dy`` (default 1.0) broadcast to y's shape."""
     if isinstance(dy, Tensor):
         dy = dy.data
-    if dy is None and not y.stores_grad and not isinstance(y.data, jax.core.Tracer) \
-            and y.data.size <= _ONES_MAX_SIZE:
-        key = (y.shape, y.dtype, y.device)
-        ones = _ONES.get(key)
-        if ones is None:
-            if len(_ONES) >= _ONES_MAX_ENTRIES:
-                _ONES.clear()
-            ones = _ONES[key] = _root_grad(y, 1.0)
-        return ones
     if dy is None:
         dy = 1.0
     dtype = y.dtype if jnp.issubdtype(y.dtype, jnp.inexact) else jnp.dtype(jnp.float32)
