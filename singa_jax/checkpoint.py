@@ -13,15 +13,22 @@ A checkpoint is a zip archive (any file name; SINGA adds no extension) holding t
 
 This is exactly what SINGA 5.1 writes and reads, so checkpoints move both ways. Differences on
 purpose: the archive is written to a temporary file in the target's folder and moved into place
-with ``os.replace`` (an interrupted save leaves the previous file intact and no temporary file
-behind), saving over an existing file needs ``overwrite=True`` (SINGA always refuses), and a
-file is fully read and checked before the caller changes anything.
+with ``os.replace``, saving over an existing file needs ``overwrite=True`` (SINGA always
+refuses), and a file is fully read and checked before the caller changes anything.
+
+Interrupted saves. An exception (KeyboardInterrupt included) removes the temporary file at
+once. A process killed outright (SIGKILL, power loss) cannot clean up: the previous checkpoint
+is intact, and its temporary file ``.<name>.<pid>-<random>.tmp`` stays until the next save
+into the same folder removes every such file whose process is no longer running. (Files of
+running processes are left alone, since they may be saving right now; so are all of them on
+Windows, where a process cannot be probed safely, and files of a recycled pid.)
 """
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import tempfile
 import zipfile
 import zlib
@@ -57,14 +64,69 @@ def _host_array(what: str, name: str, value: Any) -> np.ndarray:
     return arr
 
 
+def _checked_path(op: str, fpath: Any) -> str:
+    """``fpath`` as a str path, or an error naming the path and the problem (None, not a path,
+    empty, a directory)."""
+    if not isinstance(fpath, (str, bytes, os.PathLike)):
+        raise TypeError(f"{op}: the checkpoint path must be a str or os.PathLike, got "
+                        f"{type(fpath).__name__} {fpath!r}")
+    path = os.fspath(fpath)
+    path = os.fsdecode(path) if isinstance(path, bytes) else path
+    if not path:
+        raise ValueError(f"{op}: the checkpoint path is empty")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{op}: {path!r} is a directory, not a checkpoint file; give a "
+                                f"file path such as {os.path.join(path, 'checkpoint.zip')!r}")
+    return path
+
+
+# the temporary file of a save: ".<name>.<pid>-<mkstemp's random part>.tmp"
+_TEMP_NAME = re.compile(r"^\..+\.(?P<pid>\d+)-[a-z0-9_]+\.tmp$")
+
+
+def _temp_prefix(fpath: str) -> str:
+    return f".{os.path.basename(fpath)}.{os.getpid()}-"
+
+
+def _process_gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs (False when unsure: then its file is kept)."""
+    if os.name == "nt" or pid == os.getpid():  # os.kill on Windows would terminate it
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # e.g. PermissionError: it runs, as another user
+        return False
+    return False
+
+
+def _remove_stale_temp_files(folder: str) -> None:
+    """Delete the temporary files that saves killed midway left in ``folder`` (those whose
+    writing process has ended); best effort, never an error."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        match = _TEMP_NAME.match(entry.name)
+        if match and entry.is_file(follow_symlinks=False) and _process_gone(int(match["pid"])):
+            try:
+                os.remove(entry.path)
+            except OSError:
+                pass  # removed by another save meanwhile, or not ours to remove
+
+
 def save_states(fpath: str, model_states: Mapping[str, Any], aux_states: Mapping[str, Any] = None,
                 overwrite: bool = False) -> None:
     """Write ``model_states`` (state type 0) and ``aux_states`` (type 1) to ``fpath`` atomically.
 
-    Raises FileExistsError when ``fpath`` exists and ``overwrite`` is False, ValueError when a
-    name is used twice, TypeError for values that are not tensors/arrays/numbers.
+    Raises FileExistsError when ``fpath`` exists and ``overwrite`` is False, IsADirectoryError
+    when it is a folder, ValueError when a name is used twice, TypeError for a path that is not
+    one and for values that are not tensors/arrays/numbers. Temporary files of earlier saves
+    into the same folder that were killed midway are removed (see the module docstring).
     """
-    fpath = os.fspath(fpath)
+    fpath = _checked_path("save_states", fpath)
     if os.path.exists(fpath) and not overwrite:
         raise FileExistsError(f"save_states: {fpath!r} already exists; pass overwrite=True to "
                               f"replace it")
@@ -86,7 +148,8 @@ def save_states(fpath: str, model_states: Mapping[str, Any], aux_states: Mapping
                                 "dtype": tensor_mod.singa_dtype_code(arr.dtype)}
     npz = io.BytesIO()
     np.savez(npz, **arrays)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(fpath)}.", suffix=".tmp", dir=folder)
+    _remove_stale_temp_files(folder)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(fpath), suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_DEFLATED) as zf:
@@ -119,7 +182,7 @@ def read_states(fpath: str) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray
     well-formed checkpoint (not a zip, a member missing or damaged, names or shapes in the two
     members disagreeing, an unknown state type).
     """
-    fpath = os.fspath(fpath)
+    fpath = _checked_path("load_states", fpath)
     if not os.path.isfile(fpath):
         raise FileNotFoundError(f"load_states: {fpath!r} does not exist")
     try:
@@ -128,16 +191,12 @@ def read_states(fpath: str) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray
             missing = [m for m in (TENSOR_DICT_FILENAME, STATES_ATTR_FILENAME) if m not in members]
             if missing:
                 raise _corrupt(fpath, f"member(s) {missing} missing (found {sorted(members)})")
-            attrs = json.loads(zf.read(members[STATES_ATTR_FILENAME]).decode("utf-8"))
-            with np.load(io.BytesIO(zf.read(members[TENSOR_DICT_FILENAME])),
-                         allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-    except ValueError as e:
-        if str(e).startswith("load_states:"):
-            raise
-        raise _corrupt(fpath, str(e)) from e
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError, UnicodeDecodeError) as e:
+            attrs_bytes = zf.read(members[STATES_ATTR_FILENAME])
+            npz_bytes = zf.read(members[TENSOR_DICT_FILENAME])
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError) as e:
         raise _corrupt(fpath, f"{type(e).__name__}: {e}") from e
+    attrs = _parse_attrs(fpath, attrs_bytes)
+    arrays = _parse_arrays(fpath, npz_bytes)
     if not isinstance(attrs, dict):
         raise _corrupt(fpath, f"{STATES_ATTR_FILENAME} holds a {type(attrs).__name__}, not a dict")
     if set(attrs) != set(arrays):
@@ -156,6 +215,35 @@ def read_states(fpath: str) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray
                                   f"array of shape {arr.shape}")
         (model_states if state_type == MODEL_STATE_TYPE else aux_states)[name] = arr
     return model_states, aux_states
+
+
+def _parse_attrs(fpath: str, data: bytes) -> Any:
+    """The JSON of member ``states_attr.json``, or an error naming the member."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _corrupt(fpath, f"member {STATES_ATTR_FILENAME} is not valid UTF-8 JSON "
+                              f"({type(e).__name__}: {e})") from e
+
+
+def _parse_arrays(fpath: str, data: bytes) -> Dict[str, np.ndarray]:
+    """The arrays of member ``tensor_dict.npz``, or an error naming the member and the problem
+    (not an .npz archive at all, an array that does not parse, pickled objects)."""
+    if not data.startswith(b"PK"):  # an .npz is a zip archive
+        raise _corrupt(fpath, f"member {TENSOR_DICT_FILENAME} is not a NumPy .npz archive "
+                              f"({len(data)} bytes starting {data[:8]!r})")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except ValueError as e:
+        if "pickle" in str(e):
+            raise _corrupt(fpath, f"member {TENSOR_DICT_FILENAME} holds pickled Python objects, "
+                                  f"which a checkpoint never contains and which are not "
+                                  f"loaded") from e
+        raise _corrupt(fpath, f"member {TENSOR_DICT_FILENAME} is damaged: {e}") from e
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError) as e:
+        raise _corrupt(fpath, f"member {TENSOR_DICT_FILENAME} is damaged "
+                              f"({type(e).__name__}: {e})") from e
 
 
 def check_against(owner: str, current: Mapping[str, Tensor], loaded: Mapping[str, np.ndarray],

@@ -1,15 +1,27 @@
 """SINGA's ``device`` module on JAX.
 
 A :class:`Device` is one ``jax.Device`` plus the PRNG key that every random fill and every dropout
-mask on that device draws from. Devices come from ``jax.devices()``, so the same program runs on
-CPU, GPU or TPU. SINGA's graph-buffering switches (``EnableGraph``, ``RunGraph``, ...) are
-accepted; whole-step compilation is done by :mod:`singa_jax.graph` instead.
+mask on that device draws from. Devices come from ``jax.local_devices()`` -- this process's own
+devices, so that under several processes (``opt.DistOpt``) every rank creates its Tensors on its
+own devices -- and the same program runs on CPU, GPU or TPU. SINGA's graph-buffering switches
+(``EnableGraph``, ``RunGraph``, ...) are accepted; whole-step compilation is done by
+:mod:`singa_jax.graph` instead.
+
+SINGA's ``create_cuda_gpu*()`` give the accelerators JAX has (GPUs or TPU chips). On a host
+without any they fall back to the host's devices with one warning, so SINGA programs run
+unchanged on a laptop; :func:`set_strict_devices` (or ``SINGA_JAX_STRICT_DEVICES=1``) makes
+that an error instead.
 """
 from __future__ import annotations
 
+import os
+import threading
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import jax
+
+from .modes import traced_keys
 
 __all__ = [
     "Device", "get_default_device", "set_default_device", "create_cpu_device", "create_cpu_devices",
@@ -17,7 +29,11 @@ __all__ = [
     "create_tpu_device", "create_tpu_devices", "create_device", "get_num_gpus", "get_gpu_ids",
     "get_gpu_mem_size", "device_query", "enable_lazy_alloc", "get_num_opencl_platforms",
     "get_num_opencl_devices", "create_opencl_device", "all_devices", "default_device",
+    "set_strict_devices",
 ]
+
+STRICT_ENV = "SINGA_JAX_STRICT_DEVICES"   # "1": create_cuda_gpu*() raise without accelerators
+FALLBACK_ENV = "SINGA_JAX_CUDA_FALLBACK"  # "1" (set by singa_jax.run): always fall back
 
 
 class Device:
@@ -25,14 +41,20 @@ class Device:
 
     ``key`` is a JAX PRNG key; :meth:`next_key` splits it, so every random draw is reproducible
     after :meth:`SetRandSeed`. In graph mode the key is threaded through the compiled step as state.
+
+    Threads: :meth:`next_key` reads, splits and rebinds the key under a lock, so two threads never
+    receive the same key. While graph mode traces a step it sets ``key`` to a tracer; that value
+    is kept per thread (``modes.traced_keys``), so other threads keep reading the concrete key.
     """
 
     def __init__(self, jax_device: jax.Device, seed: Optional[int] = None):
         self.jax_device = jax_device
-        # Distinct default seeds per device, so replicas of a data-parallel step do not draw
-        # identical dropout masks unless the program seeds them alike.
-        self.key = jax.device_put(jax.random.PRNGKey(jax_device.id if seed is None else seed),
-                                  jax_device)
+        self._lock = threading.Lock()
+        # Default seed: the device's index on its host. Distinct devices of a process draw
+        # distinct streams, and every process of a data-parallel run (which all build the same
+        # model) draws the same initial parameters, as SINGA's ranks do after SetRandSeed(0).
+        self._key = jax.device_put(
+            jax.random.PRNGKey(_host_index(jax_device) if seed is None else seed), jax_device)
         self._graph_enabled = False
         self._verbosity = 0
         self._skip_iteration = 5
@@ -45,6 +67,45 @@ class Device:
     def SetRandSeed(self, seed: int) -> None:
         """Reset this device's PRNG key: every random fill after it is reproducible."""
         self.key = jax.device_put(jax.random.PRNGKey(int(seed)), self.jax_device)
+
+    # --- the PRNG key -----------------------------------------------------------------------
+    @property
+    def key(self) -> jax.Array:
+        """This device's PRNG key (inside a graph-mode trace on this thread: its tracer)."""
+        traced = traced_keys()
+        if traced is not None and self in traced:
+            return traced[self][0]
+        return self._key
+
+    @key.setter
+    def key(self, value: jax.Array) -> None:
+        traced = traced_keys(create=isinstance(value, jax.core.Tracer))
+        if isinstance(value, jax.core.Tracer):
+            # a trace in progress on this thread: remember the tracer (and the concrete key it
+            # started from) for this thread only
+            base = traced[self][1] if self in traced else self._key
+            traced[self] = (value, base)
+            return
+        if traced is not None and self in traced:
+            _, base = traced.pop(self)
+            if value is base:
+                # the trace's end restoring its starting key: keep whatever other threads drew
+                # meanwhile instead of rewinding the shared key (which would repeat keys)
+                return
+        with self._lock:
+            self._key = value
+
+    def next_key(self) -> jax.Array:
+        """A fresh PRNG key; advances this device's random state (atomically across threads)."""
+        traced = traced_keys()
+        if traced is not None and self in traced:
+            tracer, base = traced[self]
+            tracer, sub = jax.random.split(tracer)
+            traced[self] = (tracer, base)
+            return sub
+        with self._lock:
+            self._key, sub = jax.random.split(self._key)
+        return sub
 
     def EnableGraph(self, enable: bool) -> None:
         self._graph_enabled = bool(enable)
@@ -95,11 +156,6 @@ class Device:
     def platform(self) -> str:
         return self.jax_device.platform
 
-    def next_key(self) -> jax.Array:
-        """A fresh PRNG key; advances this device's random state."""
-        self.key, sub = jax.random.split(self.key)
-        return sub
-
     def put(self, array) -> jax.Array:
         """``array`` as a jax.Array on this device (tracers are returned unchanged)."""
         if isinstance(array, jax.core.Tracer):
@@ -117,13 +173,26 @@ class Device:
 _devices: Dict[jax.Device, Device] = {}  # one Device (and so one key) per jax.Device
 _all: List[Tuple[Device, ...]] = [()]     # the same, as one tuple replaced on each addition
 _default: List[Optional[Device]] = [None]
+_registry_lock = threading.Lock()         # two threads wrapping one jax.Device get one Device
+_strict: List[Optional[bool]] = [None]    # set_strict_devices(); None: follow the environment
+_fallback_warned: List[bool] = [False]    # the no-accelerator warning is given once
+
+
+def _host_index(jd: jax.Device) -> int:
+    """The device's index among its host's devices of its kind (0 for the first GPU of every
+    process)."""
+    index = getattr(jd, "local_hardware_id", None)
+    return jd.id if index is None else int(index)
 
 
 def _wrap(jd: jax.Device) -> Device:
     dev = _devices.get(jd)
     if dev is None:
-        dev = _devices[jd] = Device(jd)
-        _all[0] = tuple(_devices.values())
+        with _registry_lock:
+            dev = _devices.get(jd)
+            if dev is None:
+                dev = _devices[jd] = Device(jd)
+                _all[0] = tuple(_devices.values())
     return dev
 
 
@@ -134,15 +203,16 @@ def all_devices() -> Tuple[Device, ...]:
 
 
 def _platform_devices(platform: str) -> List[jax.Device]:
+    """This process's devices of ``platform`` (never another process's)."""
     try:
-        return list(jax.devices(platform))
+        return list(jax.local_devices(backend=platform))
     except RuntimeError:
         return []
 
 
 def _available() -> str:
     try:
-        return ", ".join(f"{d.platform}:{d.id}" for d in jax.devices())
+        return ", ".join(f"{d.platform}:{d.id}" for d in jax.local_devices())
     except RuntimeError as e:  # pragma: no cover
         return str(e)
 
@@ -161,13 +231,15 @@ def _pick(platform: str, ids: Sequence[int], what: str) -> List[Device]:
 
 
 def get_default_device() -> Device:
-    """The default device: the first of ``jax.devices()`` (an accelerator when there is one).
+    """The default device: the first of this process's devices, ``jax.local_devices()[0]`` (an
+    accelerator when there is one).
 
     SINGA's default is the host; XLA's default backend is the fastest one present, which is what a
-    SINGA program that never names a device wants.
+    SINGA program that never names a device wants. Under several processes each one's default
+    is its own first device.
     """
     if _default[0] is None:
-        _default[0] = _wrap(jax.devices()[0])
+        _default[0] = _wrap(jax.local_devices()[0])
     return _default[0]
 
 
@@ -187,20 +259,68 @@ def create_cpu_devices(num: int) -> List[Device]:
     return _pick("cpu", list(range(num)), "create_cpu_devices")
 
 
+def set_strict_devices(strict: bool) -> None:
+    """``True``: ``create_cuda_gpu*()`` raise when JAX has no accelerator (SINGA's behaviour
+    without GPUs); ``False`` (the default, also ``SINGA_JAX_STRICT_DEVICES`` unset or ``0``): they
+    fall back to the host's devices with one warning."""
+    _strict[0] = bool(strict)
+
+
+def _strict_devices() -> bool:
+    if _strict[0] is not None:
+        return _strict[0]
+    if os.environ.get(FALLBACK_ENV, "") == "1":
+        return False
+    return os.environ.get(STRICT_ENV, "") == "1"
+
+
+def _accelerators() -> List[jax.Device]:
+    """This process's GPUs or TPU chips (the default backend's devices unless it is the host)."""
+    return [d for d in jax.local_devices() if d.platform != "cpu"]
+
+
+def _pick_accelerators(ids: Sequence[int], what: str) -> List[Device]:
+    """SINGA's GPU ``ids``: the accelerators JAX has; without any (and not strict) the host
+    device of each index when there is one, else the default device, with one warning."""
+    found = _accelerators()
+    if found or _strict_devices():
+        by_index = dict(enumerate(found))
+        missing = [i for i in ids if i not in by_index]
+        if missing:
+            raise ValueError(
+                f"{what}: asked for accelerator (GPU/TPU) device(s) {list(ids)} but {len(found)} "
+                f"are present; available devices: {_available()}")
+        return [_wrap(by_index[i]) for i in ids]
+    if not _fallback_warned[0]:
+        _fallback_warned[0] = True
+        warnings.warn(f"{what}: JAX has no GPU or TPU; SINGA's GPU devices fall back to the "
+                      f"host's (available devices: {_available()}). Call "
+                      f"device.set_strict_devices(True) or set {STRICT_ENV}=1 to make this an "
+                      f"error.", RuntimeWarning, stacklevel=3)
+    host = dict(enumerate(_platform_devices("cpu")))
+    return [_wrap(host[i]) if i in host else get_default_device() for i in ids]
+
+
 def create_cuda_gpu() -> Device:
-    return create_cuda_gpu_on(0)
+    """The first accelerator (see :func:`create_cuda_gpu_on`)."""
+    return _pick_accelerators([0], "create_cuda_gpu")[0]
 
 
 def create_cuda_gpus(num: int) -> List[Device]:
-    return _pick("gpu", list(range(num)), "create_cuda_gpus")
+    """The first ``num`` accelerators (see :func:`create_cuda_gpu_on`)."""
+    return _pick_accelerators(list(range(num)), "create_cuda_gpus")
 
 
 def create_cuda_gpu_on(device_id: int) -> Device:
-    return _pick("gpu", [device_id], "create_cuda_gpu_on")[0]
+    """Accelerator ``device_id`` of this process: a GPU, or a TPU chip on a TPU host. Without
+    accelerators: host device ``device_id`` if present, else the default device (one warning;
+    an error after ``set_strict_devices(True)``)."""
+    return _pick_accelerators([device_id], "create_cuda_gpu_on")[0]
 
 
 def create_cuda_gpus_on(device_ids: Sequence[int]) -> List[Device]:
-    return _pick("gpu", list(device_ids), "create_cuda_gpus_on")
+    """The accelerators ``device_ids`` (see :func:`create_cuda_gpu_on`)."""
+    return _pick_accelerators(list(device_ids), "create_cuda_gpus_on")
 
 
 def create_tpu_device(device_id: int = 0) -> Device:
@@ -219,7 +339,8 @@ def create_device(platform: str = None, device_id: int = 0) -> Device:
 
 
 def get_num_gpus() -> int:
-    return len(_platform_devices("gpu"))
+    """How many accelerators (GPUs or TPU chips) this process has."""
+    return len(_accelerators())
 
 
 def get_gpu_ids() -> List[int]:
@@ -229,7 +350,7 @@ def get_gpu_ids() -> List[int]:
 def get_gpu_mem_size(id: int) -> Tuple[int, int]:
     """``(free, total)`` bytes of GPU ``id`` as XLA's allocator reports them (SINGA's pair);
     ``(0, 0)`` when the backend does not report memory statistics."""
-    dev = create_cuda_gpu_on(id)
+    dev = _pick_accelerators([id], "get_gpu_mem_size")[0]
     stats = dev.jax_device.memory_stats() or {}
     total = int(stats.get("bytes_limit", 0))
     return max(total - int(stats.get("bytes_in_use", 0)), 0), total
@@ -237,7 +358,7 @@ def get_gpu_mem_size(id: int) -> Tuple[int, int]:
 
 def device_query(id: int, verbose: bool = False) -> str:
     """A description of GPU ``id``."""
-    dev = create_cuda_gpu_on(id)
+    dev = _pick_accelerators([id], "device_query")[0]
     text = f"{dev.jax_device.device_kind} ({dev})"
     if verbose:
         print(text)

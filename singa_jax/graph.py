@@ -30,9 +30,8 @@ What is state
 
     Why not "discard the trace and retrace before running": a discarded trace cannot undo its
     Python side effects (a momentum buffer created during it stays in the optimizer holding a
-    tracer). ``GraphRunner(explore_first=True)`` instead runs the first training call eagerly
-    with the recorder installed; measured on this project's LeNet and MLP, the one-off program
-    is the faster way to the second step (about 4 s against 6.6 s for LeNet).
+    tracer). Running the first call eagerly instead was measured slower on this project's LeNet
+    and MLP (6.6 s against about 4 s to the second step for LeNet), so it was removed.
 
 What retraces
     The cache key is (method, training flag, the pytree structure and shapes/dtypes of the tensor
@@ -48,7 +47,6 @@ What is not allowed
 """
 from __future__ import annotations
 
-import gc
 import operator
 import time
 import types
@@ -63,8 +61,8 @@ import jax.extend.core as jex_core
 import numpy as np
 
 from . import device as device_mod
-from . import tensor as tensor_mod
 from .autograd.engine import Dummy
+from .modes import TraceHook, current_trace_hook, trace_hook
 from .tensor import Tensor
 
 __all__ = ["GraphRunner", "GraphModeError", "tensors_in"]
@@ -89,10 +87,6 @@ _ONE_OFF_OPTIONS = {"xla_backend_optimization_level": 0,
 
 class GraphModeError(TypeError):
     """The step cannot be compiled as one program (it branches on a tensor's value)."""
-
-
-class _InputsChanged(Exception):
-    """A cached program's inputs no longer have the shapes/dtypes it was compiled for."""
 
 
 def _is_tracer(x: Any) -> bool:
@@ -131,7 +125,7 @@ _OPAQUE = (type, types.FunctionType, types.MethodType, types.ModuleType, device_
 
 
 # --- the trace hook -------------------------------------------------------------------------
-class _Recorder(tensor_mod.TraceHook):
+class _Recorder(TraceHook):
     """Learns, during one trace, which Tensors outside the declared inputs the step touches and
     which Tensors it creates."""
 
@@ -188,32 +182,29 @@ def _call_signature(args: tuple, kwargs: dict, owner: str, method: str
     array's shape and dtype, each other value itself) and the arrays to pass (of the Tensors
     and arrays, in order).
 
-    The usual call -- positional Tensors and plain static values, SINGA's
-    ``train_one_batch(x, y, 'plain')`` -- takes one inlined pass: this runs on every step."""
-    if not kwargs:
-        sig, arrays = [], []
-        for a in args:
-            if type(a) is Tensor:
-                data = a._data
-                sig.append((data.shape, data.dtype, a.requires_grad, a.stores_grad, a.device))
-                arrays.append(data)
-            elif type(a) in _STATIC_SCALARS:
-                sig.append(("S", type(a), a))
-            else:
-                break
+    This runs on every step, so SINGA's usual call -- positional Tensors and plain values,
+    ``train_one_batch(x, y, 'plain')`` -- skips the pytree flattening: its leaves are the
+    arguments themselves."""
+    if not kwargs and all(type(a) is Tensor or type(a) in _STATIC_SCALARS for a in args):
+        leaves, tree = args, _flat_tree(len(args))
+    else:
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+    sig, arrays = [], []
+    for leaf in leaves:
+        if isinstance(leaf, Tensor):
+            data = leaf._data
+            sig.append(("T", data.shape, data.dtype, leaf.requires_grad, leaf.stores_grad,
+                        leaf.device))
+            arrays.append(data)
+        elif isinstance(leaf, (jax.Array, np.ndarray)):
+            sig.append(("A", tuple(leaf.shape), np.dtype(leaf.dtype)))
+            arrays.append(leaf)
         else:
-            return args, _flat_tree(len(args)), tuple(sig), arrays
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
-    sig = tuple([_leaf_signature(leaf, owner, method) for leaf in leaves])
-    arrays = [x.data if isinstance(x, Tensor) else x for x in leaves if _is_traced_leaf(x)]
-    return leaves, tree, sig, arrays
+            sig.append(_static_signature(leaf, owner, method))
+    return leaves, tree, tuple(sig), arrays
 
 
-def _leaf_signature(leaf: Any, owner: str, method: str) -> Hashable:
-    if isinstance(leaf, Tensor):
-        return ("T", leaf.shape, leaf.dtype, leaf.requires_grad, leaf.stores_grad, leaf.device)
-    if isinstance(leaf, (jax.Array, np.ndarray)):
-        return ("A", tuple(leaf.shape), np.dtype(leaf.dtype))
+def _static_signature(leaf: Any, owner: str, method: str) -> Hashable:
     try:
         hash(leaf)
     except TypeError:
@@ -251,18 +242,24 @@ class _Program:
 class GraphRunner:
     """Compiles and caches one Model's steps; ``trace_count`` counts traces (for tests/logs)."""
 
-    def __init__(self, owner_name: str = "model", explore_first: bool = False):
+    @property
+    def active(self) -> bool:
+        """Whether this thread is inside a trace (a compiled model called then runs inline)."""
+        return current_trace_hook() is not None
+
+    def __init__(self, owner_name: str = "model"):
         self.owner_name = owner_name
-        self.explore_first = explore_first
         self.programs: Dict[Hashable, _Program] = {}
         self._discovered: List[weakref.ref] = []  # state found by the recorder (weakly held)
-        self.explored: set = set()           # training methods already run once, eagerly
         self.trace_count = 0
         self.last_compile_seconds = 0.0
-        self.active = False                  # True while exploring/tracing (no nesting)
         self._declared_ids: Tuple[Any, Tuple[int, ...]] = (None, ())
         self._last: Tuple[Any, Any] = (None, None)  # (key, program) of the last compiled call
         self._one_offs: Dict[str, int] = {}  # consecutive non-cacheable traces, per method
+        # Data-parallel layout of the next traced step (an opt.dist.SpmdStep: the step runs
+        # under shard_map over all ranks' devices) or None. A Model sets it from its DistOpt
+        # before each call; it must be reflected in run()'s ``static`` (DistOpt's key is).
+        self.spmd = None
 
     # -- public entry ------------------------------------------------------------------------
     def run(self, fn: Callable, name: str, args: tuple, kwargs: dict,
@@ -275,8 +272,8 @@ class GraphRunner:
         can: on a small model every microsecond here is a visible share of the step. Pass
         ``declared_state`` as a tuple (a Model passes the same tuple until its state changes)
         and its identities are not re-collected on every call."""
-        if tensor_mod._hook is not None:
-            # inside another model's exploration or trace: run inline, so that the outer
+        if current_trace_hook() is not None:
+            # inside a trace (this model's or another's): run inline, so that the outer
             # program takes this model's ops (and state) in
             return fn(*args, **kwargs)
         leaves, arg_tree, arg_sig, arrays = _call_signature(args, kwargs, self.owner_name, name)
@@ -289,20 +286,13 @@ class GraphRunner:
         if key != last_key:  # comparing with the last call's key is cheaper than hashing it
             prog = self.programs.get(key)
         if prog is not None:
-            try:
-                result = self._execute(prog, arrays)
-            except _InputsChanged:
-                self.programs.pop(key, None)
-                self._last = (None, None)
-            else:
+            result = self._execute(prog, arrays)
+            if result is not _INPUTS_CHANGED:
                 self._last = (key, prog)
                 return result
+            self.programs.pop(key, None)
+            self._last = (None, None)
         state = self._state_list(declared_state)
-        # With explore_first, only a training step is explored first: that is where state
-        # appears lazily (an optimizer's slots).
-        if self.explore_first and training and name not in self.explored:
-            self.explored.add(name)
-            return self._explore(fn, leaves, arg_tree, state)
         prog = self._trace(fn, f"{self.owner_name}.{name}", leaves, arg_tree, arrays, state,
                            device_mod.all_devices())
         if prog.cacheable:
@@ -360,28 +350,6 @@ class GraphRunner:
             self.programs.clear()  # none of them takes the new state as input
             self._last = (None, None)
 
-    # -- the first call: eager, recorded -------------------------------------------------------
-    def _explore(self, fn: Callable, leaves: list, arg_tree, state: List[Tensor]) -> Any:
-        """Run the method eagerly once with the recorder installed: every Tensor it touches or
-        leaves behind (optimizer slots created on the first step, undeclared tensors) becomes
-        state before the first trace, so the step compiles once, into a program that is reused."""
-        args, kwargs = jax.tree_util.tree_unflatten(arg_tree, leaves)
-        recorder = _Recorder(state + [x for x in leaves if isinstance(x, Tensor)])
-        previous_hook = tensor_mod.set_trace_hook(recorder)
-        self.active = True
-        try:
-            result = fn(*args, **kwargs)
-        finally:
-            tensor_mod.set_trace_hook(previous_hook)
-            self.active = False
-        returned = {id(r) for r in jax.tree_util.tree_leaves(result, is_leaf=_is_tensor)
-                    if isinstance(r, Tensor)}
-        gc.collect()
-        alive = recorder.alive_created(returned | {id(t) for t in state})
-        self._discover(list(recorder.undeclared_read.values()) +
-                       list(recorder.undeclared_written.values()) + alive)
-        return result
-
     # -- tracing -----------------------------------------------------------------------------
     def _trace(self, fn: Callable, where: str, leaves: Sequence[Any], arg_tree,
                batch_arrays: list, state: List[Tensor], devices: Sequence[device_mod.Device]
@@ -401,17 +369,15 @@ class GraphRunner:
             call_leaves = _rebuild_leaves(leaves, batch_arrays)
             args, kwargs = jax.tree_util.tree_unflatten(arg_tree, call_leaves)
             recorder.known_ids.update(id(x) for x in call_leaves if isinstance(x, Tensor))
-            previous_hook = tensor_mod.set_trace_hook(recorder)
-            try:
+            with trace_hook(recorder):
                 result = fn(*args, **kwargs)
-            finally:
-                tensor_mod.set_trace_hook(previous_hook)
             res_leaves, res_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
             kinds, res_arrays = _result_outputs(res_leaves)
             # Drop our references to the step's temporaries so that only the Tensors the user's
             # objects keep (optimizer slots, lazily built parameters) are found alive below.
+            # (The autograd graph holds no reference cycles -- a leaf's Dummy holds its Tensor
+            # weakly, an op holds only its inputs' creators -- so no gc.collect() is needed.)
             del result, res_leaves, args, kwargs, call_leaves
-            gc.collect()
             written = [t for t in recorder.undeclared_written.values() if id(t) not in state_ids]
             alive = recorder.alive_created(state_ids)
             written_ids = {id(t) for t in written}
@@ -424,20 +390,29 @@ class GraphRunner:
                     [t.data for t in extra], res_arrays)
 
         start = time.perf_counter()
-        self.active = True
         try:
             # Trace once, then compile a program that takes only the state the step uses and
             # returns only the state it rewrites (see _Layout).
-            closed = jax.jit(step).trace(originals, original_keys, batch_arrays).jaxpr
+            spmd = self.spmd
+            if spmd is None:
+                closed = jax.jit(step).trace(originals, original_keys, batch_arrays).jaxpr
+            else:
+                closed = spmd.trace(step, where, state, originals, original_keys, batch_arrays)
             layout = _Layout(closed, record["rewritten"], len(state), len(devices),
                              len(record["extra"]))
             arrays = [*originals, *original_keys]
             new_state = [t for t in record["read"] if id(t) not in state_ids] + record["extra"]
+            options = _ONE_OFF_OPTIONS if new_state else None
+            donated_arrays = [arrays[i] for i in layout.donated]
+            read_arrays = [arrays[i] for i in layout.read]
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
-                compiled = jax.jit(layout.program, donate_argnums=0).lower(
-                    [arrays[i] for i in layout.donated], [arrays[i] for i in layout.read],
-                    batch_arrays).compile(_ONE_OFF_OPTIONS if new_state else None)
+                if spmd is None:
+                    compiled = jax.jit(layout.program, donate_argnums=0).lower(
+                        donated_arrays, read_arrays, batch_arrays).compile(options)
+                else:
+                    compiled = spmd.compile(layout.program, donated_arrays, read_arrays,
+                                            batch_arrays, options)
         except _CONCRETE_VALUE_ERRORS as e:
             self._undo_trace(state, originals, devices, original_keys, recorder)
             raise GraphModeError(
@@ -449,8 +424,6 @@ class GraphRunner:
         except BaseException:
             self._undo_trace(state, originals, devices, original_keys, recorder)
             raise
-        finally:
-            self.active = False
         self.last_compile_seconds = time.perf_counter() - start
         # Tensors now hold tracers; restore the inputs (the run writes the new values back).
         _restore(state, originals, devices, original_keys)
@@ -482,16 +455,15 @@ class GraphRunner:
         _unalias(donated, read + batch, id)
         try:
             outputs = prog.compiled(donated, read, batch)
-        except TypeError as e:
-            if "compiled" in str(e):  # a state tensor's shape/dtype changed since the trace
-                raise _InputsChanged() from e
+        except TypeError:
+            if _avals(prog.compiled.args_info) != _avals((donated, read, batch)):
+                return _INPUTS_CHANGED  # a state tensor was rebound to another shape/dtype
             raise
-        except jax.errors.JaxRuntimeError as e:
+        except jax.errors.JaxRuntimeError:
             # two Tensors over one buffer that the cheap identity check missed (reading buffer
-            # pointers waits for pending work, so it is only done when XLA complains)
-            if "donate the same buffer" not in str(e):
+            # pointers waits for pending work, so it is only done when XLA refuses the call)
+            if not _unalias(donated, read + batch, _buffer_id):
                 raise
-            _unalias(donated, read + batch, _buffer_id)
             outputs = prog.compiled(donated, read, batch)
         new_state, new_keys, extra, res_arrays = outputs
         for t, a in zip(prog.written, new_state):
@@ -572,10 +544,6 @@ _array_of = operator.attrgetter("_data")
 _key_of = operator.attrgetter("key")
 
 
-def _is_traced_leaf(x: Any) -> bool:
-    return isinstance(x, (Tensor, jax.Array, np.ndarray))
-
-
 def _rebuild_leaves(leaves: list, arrays: list) -> list:
     """The call's leaves with each tensor argument replaced by a new Tensor over its tracer."""
     it = iter(arrays)
@@ -626,17 +594,27 @@ def _build_result(prog: _Program, arrays: list) -> Any:
     return jax.tree_util.tree_unflatten(prog.result_tree, leaves)
 
 
-def _unalias(donated: list, others: list, buffer_id: Callable) -> None:
+def _unalias(donated: list, others: list, buffer_id: Callable) -> bool:
     """Donated buffers must be distinct from each other and from every other input: copy a
     donated array whose buffer is also passed elsewhere (tied weights, a Tensor built over
-    another's array)."""
+    another's array). Returns whether any was copied."""
     if len(set(map(buffer_id, donated + others))) == len(donated) + len(others):
-        return  # the usual case: all distinct
+        return False  # the usual case: all distinct
     seen = set(map(buffer_id, others))
     for i, a in enumerate(donated):
         if buffer_id(a) in seen:
             donated[i] = a = a.copy()
         seen.add(buffer_id(a))
+    return True
+
+
+def _avals(tree: Any) -> list:
+    """(shape, dtype) of every leaf of ``tree`` (arrays or a compiled program's args_info)."""
+    return [(tuple(x.shape), np.dtype(x.dtype)) for x in jax.tree_util.tree_leaves(tree)]
+
+
+# what _execute returns when a cached program no longer fits its state (it is then retraced)
+_INPUTS_CHANGED = object()
 
 
 def _buffer_id(a) -> int:

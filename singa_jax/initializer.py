@@ -2,8 +2,9 @@
 
 Every function rebinds ``t.data`` to a new array of the same shape and dtype on ``t``'s device.
 Random fills draw from ``t.device.next_key()``, so ``device.SetRandSeed`` makes them reproducible
-(and graph mode can thread the key). The fan-based family is declared by the table
-``_FAN_RULES``: for a weight with fans ``(fan_in, fan_out)`` and ``n`` the fan chosen by the rule,
+(and graph mode can thread the key). The fan-based family is made by ``_fan_initializer``, one
+line per initializer: for a weight with fans ``(fan_in, fan_out)`` and ``n`` the fan chosen by
+the initializer,
 
 * ``normal``:  ``N(0, sqrt(scale / n))``
 * ``uniform``: ``U(-sqrt(3 * scale / n), +sqrt(3 * scale / n))``
@@ -105,19 +106,10 @@ def _fan_fill(t: Tensor, scale: float, mode: str, distribution: str) -> None:
         uniform_fill(t, -limit, limit)
 
 
-# (name, scale, fan mode, distribution, reference) -> one initializer each
-_FAN_RULES = [
-    ("lecun_uniform", 1.0, "fan_in", "uniform", "LeCun et al. 1998, Efficient BackProp"),
-    ("lecun_normal", 1.0, "fan_in", "normal", "Klambauer et al. 2017, Self-Normalizing Networks"),
-    ("glorot_uniform", 1.0, "fan_avg", "uniform", "Glorot & Bengio 2010 (Xavier uniform)"),
-    ("glorot_normal", 1.0, "fan_avg", "normal", "Glorot & Bengio 2010 (Xavier normal)"),
-    ("he_uniform", 2.0, "fan_in", "uniform", "He et al. 2015, Delving Deep into Rectifiers"),
-    ("he_normal", 2.0, "fan_in", "normal", "He et al. 2015, Delving Deep into Rectifiers"),
-]
-
-
-def _make_fan_initializer(name: str, scale: float, mode: str, distribution: str,
-                          ref: str) -> Callable[[Tensor], None]:
+def _fan_initializer(name: str, scale: float, mode: str, distribution: str,
+                     ref: str) -> Callable[[Tensor], None]:
+    """The initializer ``name``: variance ``scale / n``, ``n`` the fan picked by ``mode``
+    (``fan_in``, ``fan_out`` or ``fan_avg``), from a ``normal`` or ``uniform`` distribution."""
     def init(t: Tensor) -> None:
         _check_tensor(name, t)
         _fan_fill(t, scale, mode, distribution)
@@ -125,13 +117,23 @@ def _make_fan_initializer(name: str, scale: float, mode: str, distribution: str,
     formula = (f"N(0, sqrt({scale:g} / {mode}))" if distribution == "normal"
                else f"U(-limit, limit), limit = sqrt({3 * scale:g} / {mode})")
     init.__name__ = init.__qualname__ = name
-    init.__doc__ = f"Fill ``t`` in place with {formula} ({ref}). ``fan_avg`` = (fan_in + fan_out) / 2."
+    init.__doc__ = (f"Fill ``t`` in place with {formula} ({ref}). "
+                    f"``fan_avg`` = (fan_in + fan_out) / 2.")
     return init
 
 
-for _rule in _FAN_RULES:
-    globals()[_rule[0]] = _make_fan_initializer(*_rule)
-del _rule
+lecun_uniform = _fan_initializer("lecun_uniform", 1.0, "fan_in", "uniform",
+                                 "LeCun et al. 1998, Efficient BackProp")
+lecun_normal = _fan_initializer("lecun_normal", 1.0, "fan_in", "normal",
+                                "Klambauer et al. 2017, Self-Normalizing Networks")
+glorot_uniform = _fan_initializer("glorot_uniform", 1.0, "fan_avg", "uniform",
+                                  "Glorot & Bengio 2010 (Xavier uniform)")
+glorot_normal = _fan_initializer("glorot_normal", 1.0, "fan_avg", "normal",
+                                 "Glorot & Bengio 2010 (Xavier normal)")
+he_uniform = _fan_initializer("he_uniform", 2.0, "fan_in", "uniform",
+                              "He et al. 2015, Delving Deep into Rectifiers")
+he_normal = _fan_initializer("he_normal", 2.0, "fan_in", "normal",
+                             "He et al. 2015, Delving Deep into Rectifiers")
 
 
 def _deprecated(fn: str, use: str) -> None:

@@ -35,17 +35,19 @@ from typing import Any, Dict, List, Sequence, Tuple
 from . import autograd, checkpoint, opt
 from .graph import GraphRunner, tensors_in
 from .layer.base import Layer, LayerMeta
+from .opt.dist import spmd_of
 from .tensor import Tensor, from_numpy
 
 __all__ = ["ModelMeta", "Model"]
 
 
-def _first_tensor(args: Sequence[Any]) -> Any:
-    """The first argument if it is a Tensor or a non-empty list of Tensors' first (SINGA's rule)."""
+def _leads_with_tensor(args: Sequence[Any]) -> bool:
+    """Whether the first argument is a Tensor or a list/tuple whose first item is one: SINGA's
+    condition for running a call in graph mode."""
     first = args[0] if args else None
     if isinstance(first, (list, tuple)) and first:
         first = first[0]
-    return first
+    return isinstance(first, Tensor)
 
 
 class ModelMeta(LayerMeta):
@@ -57,7 +59,7 @@ class ModelMeta(LayerMeta):
         @wraps(func)
         def wrapper(self, *args, **kwargs):
             if self.graph_mode and self.training and not self._graph_runner.active:
-                if not isinstance(_first_tensor(args), Tensor):
+                if not _leads_with_tensor(args):
                     raise ValueError(f"{type(self).__name__}.train_one_batch: graph mode expects "
                                      f"a Tensor (or a list of Tensors) as first argument, got "
                                      f"{type(args[0]).__name__ if args else 'no arguments'}")
@@ -162,7 +164,7 @@ class Model(Layer, metaclass=ModelMeta):
         if self.training:
             return self.train_one_batch(*input, **kwargs)
         if self.graph_mode and not self._graph_runner.active and \
-                isinstance(_first_tensor(input), Tensor):
+                _leads_with_tensor(input):
             return self._run_graph(self.forward, "forward", input, kwargs)
         return self.forward(*input, **kwargs)
 
@@ -173,47 +175,30 @@ class Model(Layer, metaclass=ModelMeta):
         return [v for v in vars(self).values() if isinstance(v, kinds)]
 
     def _state_tensors(self) -> List[Tensor]:
-        """The Tensors of ``get_states()`` (same set, any order), collected without building
-        the name dict: this runs before every compiled step, where each microsecond shows.
-
-        Layers that keep the base class's ``get_params``/``get_states`` hold their tensors in
-        the attributes named by ``_param_attrs``/``_state_attrs``; a layer that overrides either
-        method is asked through it."""
-        found: List[Tensor] = []
-        stack: List[Layer] = [self]
-        while stack:
-            layer = stack.pop()
-            cls = type(layer)
-            if layer is not self and (cls.get_states is not Layer.get_states or
-                                      cls.get_params is not Layer.get_params):
-                found.extend(layer.get_states().values())
-                continue
-            attrs = layer.__dict__
-            for attr in cls._param_attrs + cls._state_attrs:
-                t = attrs.get(attr)
-                if isinstance(t, Tensor):
-                    found.append(t)
-            stack.extend(sub for sub in attrs["_layers"].values()
-                         if sub.__dict__.get("_initialized", False))
-        return found
+        """The Tensors of ``get_states()``: the layers alone say what their state is (a layer
+        that overrides ``get_params``/``get_states`` is asked through its override). Walked
+        only when the structure changed (see :meth:`_declared_state`), so the name dict costs
+        nothing per step."""
+        return list(self.get_states().values())
 
     def _declared_state(self) -> Tuple[Tuple[Tensor, ...], Tuple]:
         """The step's declared state -- the layers' tensors and, in training, every optimizer's
         -- and what the optimizers bake into a compiled step (their ``_static_key``).
 
-        Cached until a layer attribute is assigned anywhere (``Layer.structure_version``) or an
-        optimizer's attributes or state set change (``states_version``); a compiled step runs no
-        layer or optimizer code, so in steady state the cache always holds, no tree is walked and
-        the same tuple is returned (the graph runner keys on its identity)."""
+        Cached until an attribute of this model or of any layer in its tree is assigned (the
+        model's own ``structure_version``, which every such assignment bumps) or an optimizer's
+        attributes or state set change (its ``states_version``); a compiled step runs no layer
+        or optimizer code, so in steady state the cache always holds, no tree is walked and the
+        same tuple is returned (the graph runner keys on its identity)."""
         cached = self.__dict__.get("_declared_cache")
-        if cached is not None and cached[0] == Layer.structure_version and \
+        if cached is not None and cached[0] == self._structure_version and \
                 cached[1] == self.training:
             for optimizer, version in cached[2]:
                 if optimizer.states_version != version:
                     break
             else:
                 return cached[3]
-        version = Layer.structure_version  # before anything below assigns
+        version = self._structure_version  # before anything below assigns
         declared = self._state_tensors()
         optimizers = self._optimizers() if self.training else []
         for optimizer in optimizers:
@@ -230,6 +215,8 @@ class Model(Layer, metaclass=ModelMeta):
 
     def _run_graph(self, fn, name: str, args: tuple, kwargs: dict) -> Any:
         declared, static = self._declared_state()
+        # a DistOpt's training step runs as one SPMD program over all ranks' devices
+        self._graph_runner.spmd = spmd_of(static)
         return self._graph_runner.run(fn, name, args, kwargs, declared, self.training, static)
 
     # --- checkpoints -----------------------------------------------------------------------------

@@ -7,90 +7,55 @@ autograd attributes: ``creator`` (the operator that produced it), ``requires_gra
 
 Arithmetic on Tensors here is plain computation (as in SINGA): it does not record the autograd
 graph; the functions of :mod:`singa_jax.autograd` do. Families of operations (operators, unary math
-functions, row/column updates, random fills) are declared by tables at the end of the module.
-See ``docs/tensors.md`` for the mapping onto JAX and the differences from SINGA.
+functions, row/column updates) are made by small factories, one name per line.
+
+The dtype constants and helpers live in :mod:`singa_jax.dtypes`, the random sampling in
+:mod:`singa_jax.sampling` and the creator bookkeeping (``Dummy``) in :mod:`singa_jax.creator`;
+this module re-exports the public names SINGA's ``tensor`` has. See ``docs/tensors.md`` for the
+mapping onto JAX and the differences from SINGA.
 """
 from __future__ import annotations
 
 import builtins
 import contextlib
-import functools
 import math
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import device as _device_mod
+from . import sampling
+from .creator import Dummy
+from .modes import TraceHook, current_trace_hook as _current_hook
 from .device import Device, get_default_device
+from .dtypes import (bfloat16, bool_, float16, float32, float64, int8, int16, int32, int64,
+                     singa_dtype_code, sizeof, to_dtype, uint8)
 
-# SINGA's dtype constants are NumPy dtypes here, so they compare equal to NumPy and JAX dtypes.
-float16 = np.dtype("float16")
-float32 = np.dtype("float32")
-float64 = np.dtype("float64")
-bfloat16 = jnp.dtype(jnp.bfloat16)
-int8 = np.dtype("int8")
-int16 = np.dtype("int16")
-int32 = np.dtype("int32")
-int64 = np.dtype("int64")
-uint8 = np.dtype("uint8")
-bool_ = np.dtype("bool")
-
-# SINGA's C++ enum values (core.proto DataType), accepted wherever a dtype is.
-_SINGA_DTYPE_CODES = {0: float32, 1: float16, 2: int32, 3: int8, 4: float64, 5: int64}
-_SINGA_DTYPE_NAMES = {v: k for k, v in _SINGA_DTYPE_CODES.items()}
-# SINGA's as_type/to_type also take the names 'int' and 'float' (its 32-bit types).
-_SINGA_DTYPE_WORDS = {"int": int32, "float": float32}
+__all__ = [
+    # the handle, its aliases and graph mode's hook
+    "Tensor", "PlaceHolder", "CTensor", "InvalidIndex", "TraceHook",
+    # dtypes (from singa_jax.dtypes)
+    "float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64", "uint8",
+    "bool_", "to_dtype", "singa_dtype_code", "sizeof",
+    # creation and conversion
+    "from_raw_tensor", "from_raw_tensors", "from_numpy", "to_numpy", "to_host", "copy_from_numpy",
+    "copy_data_to_from", "zeros", "ones", "random", "zeros_like", "ones_like", "product",
+    # shape
+    "contiguous", "reshape", "transpose", "repeat",
+    # math
+    "sum", "average", "softmax", "pow", "add", "sub", "eltwise_mult", "div", "lt", "le", "gt",
+    "ge", "eq", "abs", "exp", "ceil", "log", "sigmoid", "sign", "sqrt", "square", "tanh", "mult",
+    "einsum", "tensordot", "concatenate", "axpy",
+    # random fills
+    "bernoulli", "gaussian", "uniform",
+    # SINGA's deprecated row/column functions
+    "add_column", "add_row", "sum_columns", "sum_rows",
+]
 
 CTensor = jax.Array  # what SINGA's Tensor wraps (a C++ tensor there, a jax.Array here)
 ShapeLike = Union[int, Sequence[int]]
-
-
-def to_dtype(dtype: Any) -> np.dtype:
-    """Resolve a SINGA dtype code, a NumPy/JAX dtype or a dtype name to a NumPy dtype."""
-    if dtype is None:
-        return float32
-    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
-        if int(dtype) in _SINGA_DTYPE_CODES:
-            return _SINGA_DTYPE_CODES[int(dtype)]
-        raise TypeError(f"unknown SINGA dtype code {dtype}; known: {sorted(_SINGA_DTYPE_CODES)}")
-    if isinstance(dtype, str) and dtype in _SINGA_DTYPE_WORDS:
-        return _SINGA_DTYPE_WORDS[dtype]
-    try:
-        return jnp.dtype(dtype)
-    except TypeError as e:
-        raise TypeError(f"unknown dtype {dtype!r}: expected a NumPy/JAX dtype, a dtype name or a "
-                        f"SINGA dtype constant") from e
-
-
-def singa_dtype_code(dtype: Any) -> int:
-    """SINGA's C++ enum value of ``dtype`` (for SINGA's checkpoint format)."""
-    return _SINGA_DTYPE_NAMES.get(to_dtype(dtype), 0)
-
-
-class TraceHook:
-    """Observer that graph mode installs while it traces a step (see :mod:`singa_jax.graph`).
-
-    It learns which pre-existing Tensors a step reads and rebinds, and which Tensors it creates,
-    so that every piece of state enters and leaves the compiled program as data.
-    """
-
-    def read(self, t: "Tensor") -> None: ...
-
-    def write(self, t: "Tensor") -> None: ...
-
-    def created(self, t: "Tensor") -> None: ...
-
-
-_hook: Optional[TraceHook] = None
-
-
-def set_trace_hook(hook: Optional[TraceHook]) -> Optional[TraceHook]:
-    """Install ``hook`` (None to remove); returns the previous one."""
-    global _hook
-    prev, _hook = _hook, hook
-    return prev
 
 
 def _is_array(x) -> bool:
@@ -112,6 +77,71 @@ class InvalidIndex(IndexError, ValueError):
     """A bad index. SINGA raises ValueError; being an IndexError too ends ``for row in t``."""
 
 
+# --- factories of Tensor's operator and row/column methods, bound by name in the class body ---
+def _method(fn: Callable, name: str, doc: str) -> Callable:
+    fn.__name__, fn.__qualname__, fn.__doc__ = name, f"Tensor.{name}", doc
+    return fn
+
+
+def _operator(name: str, fn: Callable) -> Callable:
+    """``__<name>__``: ``fn(self, other)`` as a new tensor (NotImplemented for foreign types)."""
+    op = f"__{name}__"
+
+    def forward(self, other):
+        arr = _binary(op, fn, self, other)
+        return arr if arr is NotImplemented else self._new(arr)
+    return _method(forward, op, f"Elementwise ``{fn.__name__}`` with NumPy broadcasting.")
+
+
+def _reflected_operator(name: str, fn: Callable) -> Callable:
+    """``__r<name>__``: ``fn(other, self)`` as a new tensor."""
+    op = f"__r{name}__"
+
+    def reflected(self, other):
+        arr = _binary(op, fn, self, other, reflected=True)
+        return arr if arr is NotImplemented else self._new(arr)
+    return _method(reflected, op, f"Elementwise ``{fn.__name__}`` with NumPy broadcasting.")
+
+
+def _inplace_operator(name: str, fn: Callable) -> Callable:
+    """``__i<name>__``: rebind to ``fn(self, other)``, keeping this tensor's shape and dtype."""
+    op = f"__i{name}__"
+
+    def inplace(self, other):
+        # The handle keeps its shape and dtype (SINGA updates its buffer); the array is rebound.
+        arr = _binary(op, fn, self, other)
+        if arr is NotImplemented:
+            return arr
+        if tuple(arr.shape) != self.shape:
+            raise ValueError(f"{op}: result of shape {tuple(arr.shape)} cannot be stored "
+                             f"in place in a tensor of shape {self.shape}")
+        self.data = arr.astype(self.dtype)
+        return self
+    return _method(inplace, op, f"Elementwise ``{fn.__name__}`` with NumPy broadcasting.")
+
+
+def _comparison(name: str, fn: Callable) -> Callable:
+    """``__<name>__``: ``fn(self, other)`` as 0/1 in this tensor's dtype."""
+    op = f"__{name}__"
+
+    def compare(self, other):
+        if other is None:  # SINGA: ``t == None`` is False
+            return name == "ne"
+        arr = _binary(op, fn, self, other)
+        return arr if arr is NotImplemented else self._new(arr.astype(self.dtype))
+    return _method(compare, op, f"Elementwise ``{fn.__name__}``: 0/1 in this tensor's dtype.")
+
+
+def _line_method(name: str, fn: Callable, axis: int) -> Callable:
+    """In place ``M = fn(M, v)`` with ``v`` a column (axis 0) or row (axis 1) of the 2-d M."""
+    def update(self, v: "Tensor") -> "Tensor":
+        self.data = fn(self.data, _line(name, self, v, axis)).astype(self.dtype)
+        return self
+    what = "column" if axis == 0 else "row"
+    return _method(update, name,
+                   f"In place: ``{fn.__name__}`` ``v`` with each {what} of this 2-d tensor.")
+
+
 class Tensor:
     """SINGA's Tensor: a mutable handle over a ``jax.Array``.
 
@@ -122,7 +152,7 @@ class Tensor:
         data: a NumPy array, a ``jax.Array`` or another Tensor's array.
         requires_grad: whether autograd computes a gradient for it.
         stores_grad: whether ``autograd.backward`` yields its gradient (implies requires_grad).
-        creator: the operator that produced it (an ``autograd.Dummy`` when None).
+        creator: the operator that produced it (a :class:`~singa_jax.creator.Dummy` when None).
         name: a name (``Dummy#N`` when None).
 
     Operators (``+ - * / // ** @``, reflected and in-place forms, ``< <= > >= == !=``) follow
@@ -142,7 +172,10 @@ class Tensor:
             raise TypeError(f"Tensor: device must be a singa_jax Device, got "
                             f"{type(device).__name__}")
         if data is None:
-            arr = _filled(_as_shape(shape), 0, dtype, device)
+            shape = _as_shape(shape)
+            if any(s < 0 for s in shape):
+                raise ValueError(f"Tensor: shape must have sizes >= 0, got {shape}")
+            arr = _filled(shape, 0, dtype, device)
         elif isinstance(data, Tensor):
             arr = data.data
         elif _is_array(data):
@@ -163,17 +196,16 @@ class Tensor:
         else:
             self.name = name
         if creator is None:
-            from .autograd.engine import Dummy
             creator = Dummy(self, name)
         self.creator = creator
-        if _hook is not None:
-            _hook.created(self)
+        hook = _current_hook()
+        if hook is not None:
+            hook.created(self)
 
     def __getattr__(self, name: str) -> Any:
         # Reached only when normal lookup fails. A Tensor built without __init__ (graph mode's
         # results, made in bulk on every compiled step) gets its Dummy creator when first used.
         if name == "creator":
-            from .autograd.engine import Dummy
             creator = self.__dict__["creator"] = Dummy(self)
             return creator
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
@@ -181,8 +213,9 @@ class Tensor:
     # --- the array behind the handle --------------------------------------------------------
     @property
     def data(self) -> jax.Array:
-        if _hook is not None:
-            _hook.read(self)
+        hook = _current_hook()
+        if hook is not None:
+            hook.read(self)
         return self._data
 
     @data.setter
@@ -191,8 +224,9 @@ class Tensor:
             value = value.data
         if not _is_array(value):
             value = self.device.put(np.asarray(value))
-        if _hook is not None:
-            _hook.write(self)
+        hook = _current_hook()
+        if hook is not None:
+            hook.write(self)
         self._data = value
 
     @property
@@ -214,6 +248,9 @@ class Tensor:
         return int(self._data.size) * self._data.dtype.itemsize
 
     def is_dummy(self) -> bool:
+        """True when the tensor still has its automatic name ``Dummy#N`` (no ``name`` was given).
+
+        SINGA's name: layers use it to rename the tensors they own after their attributes."""
         return self.name.startswith("Dummy#")
 
     def is_empty(self) -> bool:
@@ -380,27 +417,43 @@ class Tensor:
             raise TypeError(f"copy_from: t should be a Tensor or a NumPy array, got "
                             f"{type(t).__name__}")
 
+    # Two kinds of copy, on purpose. SINGA's methods clone/copy/deepcopy make a NEW tensor: same
+    # values, dtype and device, but SINGA's default flags and a fresh ``Dummy#N`` name. Python's
+    # copy.copy/copy.deepcopy duplicate THIS object, flags and name included (what copying a
+    # model or an optimizer state needs). Arrays are immutable, so every copy may share the
+    # array: a later in-place op on either rebinds only that handle.
     def clone(self) -> "Tensor":
-        """A new tensor with the same values, dtype and device (arrays are immutable, so it can
-        share the array: later in-place ops on either rebind only that handle)."""
+        """A new tensor with this tensor's values, dtype and device, SINGA's default flags
+        (``requires_grad=True``, ``stores_grad=False``) and a fresh automatic name."""
         return self._new(self.data)
 
-    copy = clone      # SINGA's shallow copy; sharing is invisible with immutable arrays
-    deepcopy = clone
-
-    def __copy__(self) -> "Tensor":
+    def copy(self) -> "Tensor":
+        """SINGA's shallow copy; the same as :meth:`clone` (sharing is invisible with immutable
+        arrays)."""
         return self.clone()
 
-    def __deepcopy__(self, memo: dict) -> "Tensor":
-        # Keep the flags and name (copy.deepcopy of models/optimizer states), share the Device.
+    def deepcopy(self) -> "Tensor":
+        """SINGA's ``deepcopy``, "same as clone()": a new tensor with default flags and a fresh
+        name. ``copy.deepcopy(t)`` instead keeps ``t``'s flags and name."""
+        return self.clone()
+
+    def _duplicate(self) -> "Tensor":
+        """This tensor as another handle: same values, device, flags and name."""
         return Tensor(data=self.data, device=self.device, requires_grad=self.requires_grad,
                       stores_grad=self.stores_grad, name=self.name)
 
+    def __copy__(self) -> "Tensor":
+        """``copy.copy(t)``: keeps the flags and name (see :meth:`_duplicate`)."""
+        return self._duplicate()
+
+    def __deepcopy__(self, memo: dict) -> "Tensor":
+        """``copy.deepcopy(t)``: keeps the flags and name and shares the Device."""
+        return self._duplicate()
+
     # --- random fills: every draw splits the device's key (reproducible after SetRandSeed) ----
     def _fill_random(self, kind: str, inplace: bool, *params: float) -> "Tensor":
-        _SAMPLERS[kind][1](kind, *params)
-        arr = _draw(self.device.next_key(), tuple(float(p) for p in params), kind, self.shape,
-                    self.dtype)
+        sampling.check_params(kind, params)  # before next_key(): a bad call leaves the key alone
+        arr = sampling.draw(kind, self.device.next_key(), params, self.shape, self.dtype)
         return self._fill(arr, inplace)
 
     def bernoulli(self, p: float, inplace: bool = True) -> "Tensor":
@@ -451,7 +504,59 @@ class Tensor:
                              f"selected region of shape {target}")
         self.data = self.data.at[index].set(jnp.asarray(v).astype(self.dtype))
 
-    # --- SINGA's deprecated row/column updates and the operators: generated from tables below
+    # --- operators: NumPy broadcasting; NotImplemented for foreign types (see _binary) --------
+    __add__ = _operator("add", jnp.add)
+    __radd__ = _reflected_operator("add", jnp.add)
+    __iadd__ = _inplace_operator("add", jnp.add)
+    __sub__ = _operator("sub", jnp.subtract)
+    __rsub__ = _reflected_operator("sub", jnp.subtract)
+    __isub__ = _inplace_operator("sub", jnp.subtract)
+    __mul__ = _operator("mul", jnp.multiply)
+    __rmul__ = _reflected_operator("mul", jnp.multiply)
+    __imul__ = _inplace_operator("mul", jnp.multiply)
+    __truediv__ = _operator("truediv", jnp.true_divide)
+    __rtruediv__ = _reflected_operator("truediv", jnp.true_divide)
+    __itruediv__ = _inplace_operator("truediv", jnp.true_divide)
+    __floordiv__ = _operator("floordiv", jnp.floor_divide)
+    __rfloordiv__ = _reflected_operator("floordiv", jnp.floor_divide)
+    __ifloordiv__ = _inplace_operator("floordiv", jnp.floor_divide)
+    __pow__ = _operator("pow", jnp.power)
+    __rpow__ = _reflected_operator("pow", jnp.power)
+    __ipow__ = _inplace_operator("pow", jnp.power)
+    # Python 2 names SINGA still defines
+    __div__, __rdiv__, __idiv__ = __truediv__, __rtruediv__, __itruediv__
+
+    # Comparisons give 0/1 in the left operand's dtype (SINGA: ``t[i] < x ? 1.0f : 0.0f``).
+    __lt__ = _comparison("lt", jnp.less)
+    __le__ = _comparison("le", jnp.less_equal)
+    __gt__ = _comparison("gt", jnp.greater)
+    __ge__ = _comparison("ge", jnp.greater_equal)
+    __eq__ = _comparison("eq", jnp.equal)
+    __ne__ = _comparison("ne", jnp.not_equal)
+
+    def __neg__(self) -> "Tensor":
+        return self._new(jnp.negative(self.data))
+
+    def __pos__(self) -> "Tensor":
+        return self._new(self.data)
+
+    def __abs__(self) -> "Tensor":
+        return self._new(jnp.abs(self.data))
+
+    def __matmul__(self, other: "Tensor") -> "Tensor":
+        return mult(self, other)
+
+    def __rmatmul__(self, other: Any) -> "Tensor":
+        return mult(_as_tensor_like(other, self), self)
+
+    # --- SINGA's deprecated row/column updates (in place; v has one entry per row/column) -----
+    # v may have shape (n,), (n, 1) or (1, n)
+    add_column = _line_method("add_column", jnp.add, axis=0)
+    add_row = _line_method("add_row", jnp.add, axis=1)
+    div_column = _line_method("div_column", jnp.true_divide, axis=0)
+    div_row = _line_method("div_row", jnp.true_divide, axis=1)
+    mult_column = _line_method("mult_column", jnp.multiply, axis=0)
+    mult_row = _line_method("mult_row", jnp.multiply, axis=1)
 
 
 def _to_scalar(x: jax.Array):
@@ -547,87 +652,10 @@ def _result(op: str, like: Tensor, arr: Any, out: Optional[Tensor]) -> Tensor:
     return like._new(arr) if out is None else _store(op, out, arr)
 
 
-# --- operators, generated from tables ----------------------------------------------------------
-# name: the array function. Each entry gives __name__, __rname__ and __iname__.
-_ARITHMETIC: Dict[str, Callable] = {
-    "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "truediv": jnp.true_divide,
-    "floordiv": jnp.floor_divide, "pow": jnp.power,
-}
-# Comparisons give 0/1 in the left operand's dtype (SINGA: ``t[i] < x ? 1.0f : 0.0f``).
-_COMPARISONS: Dict[str, Callable] = {
-    "lt": jnp.less, "le": jnp.less_equal, "gt": jnp.greater, "ge": jnp.greater_equal,
-    "eq": jnp.equal, "ne": jnp.not_equal,
-}
-
-
-def _arithmetic_methods(name: str, fn: Callable) -> Dict[str, Callable]:
-    op = f"__{name}__"
-
-    def forward(self, other):
-        arr = _binary(op, fn, self, other)
-        return arr if arr is NotImplemented else self._new(arr)
-
-    def reflected(self, other):
-        arr = _binary(f"__r{name}__", fn, self, other, reflected=True)
-        return arr if arr is NotImplemented else self._new(arr)
-
-    def inplace(self, other):
-        # The handle keeps its shape and dtype (SINGA updates its buffer); the array is rebound.
-        arr = _binary(f"__i{name}__", fn, self, other)
-        if arr is NotImplemented:
-            return arr
-        if tuple(arr.shape) != self.shape:
-            raise ValueError(f"__i{name}__: result of shape {tuple(arr.shape)} cannot be stored "
-                             f"in place in a tensor of shape {self.shape}")
-        self.data = arr.astype(self.dtype)
-        return self
-
-    return {f"__{name}__": forward, f"__r{name}__": reflected, f"__i{name}__": inplace}
-
-
-def _comparison_method(name: str, fn: Callable) -> Callable:
-    def compare(self, other):
-        if other is None:  # SINGA: ``t == None`` is False
-            return name == "ne"
-        arr = _binary(f"__{name}__", fn, self, other)
-        return arr if arr is NotImplemented else self._new(arr.astype(self.dtype))
-    return compare
-
-
-def _install_operators() -> None:
-    for name, fn in _ARITHMETIC.items():
-        for dunder, method in _arithmetic_methods(name, fn).items():
-            method.__name__ = method.__qualname__ = dunder
-            method.__doc__ = f"Elementwise ``{fn.__name__}`` with NumPy broadcasting."
-            setattr(Tensor, dunder, method)
-    for name, fn in _COMPARISONS.items():
-        method = _comparison_method(name, fn)
-        method.__name__ = method.__qualname__ = f"__{name}__"
-        method.__doc__ = f"Elementwise ``{fn.__name__}``: 0/1 in this tensor's dtype."
-        setattr(Tensor, f"__{name}__", method)
-    # Python 2 names SINGA still defines
-    Tensor.__div__, Tensor.__rdiv__, Tensor.__idiv__ = (
-        Tensor.__truediv__, Tensor.__rtruediv__, Tensor.__itruediv__)
-    Tensor.__neg__ = lambda self: self._new(jnp.negative(self.data))
-    Tensor.__pos__ = lambda self: self._new(self.data)
-    Tensor.__abs__ = lambda self: self._new(jnp.abs(self.data))
-    Tensor.__matmul__ = lambda self, other: mult(self, other)
-    Tensor.__rmatmul__ = lambda self, other: mult(_as_tensor_like(other, self), self)
-
-
 def _as_tensor_like(x: Any, like: Tensor) -> Tensor:
     if isinstance(x, Tensor):
         return x
     return Tensor(data=jnp.asarray(x), device=like.device)
-
-
-# --- SINGA's deprecated row/column updates (in place; v has one entry per row/column) ---------
-# method: (array function, axis of M that v runs along). Shapes (n,), (n, 1) and (1, n) all work.
-_LINE_UPDATES: Dict[str, Tuple[Callable, int]] = {
-    "add_column": (jnp.add, 0), "add_row": (jnp.add, 1),
-    "div_column": (jnp.true_divide, 0), "div_row": (jnp.true_divide, 1),
-    "mult_column": (jnp.multiply, 0), "mult_row": (jnp.multiply, 1),
-}
 
 
 def _line(op: str, M: Tensor, v: Any, axis: int) -> jax.Array:
@@ -643,76 +671,6 @@ def _line(op: str, M: Tensor, v: Any, axis: int) -> jax.Array:
         raise ValueError(f"{op}: v of shape {v.shape} must have {n} elements to be a {kind} of a "
                          f"tensor of shape {M.shape}")
     return v.data.reshape((n, 1) if axis == 0 else (1, n))
-
-
-def _line_method(name: str, fn: Callable, axis: int) -> Callable:
-    def update(self, v: Tensor) -> Tensor:
-        self.data = fn(self.data, _line(name, self, v, axis)).astype(self.dtype)
-        return self
-    update.__name__ = update.__qualname__ = name
-    what = "column" if axis == 0 else "row"
-    update.__doc__ = f"In place: ``{fn.__name__}`` ``v`` with each {what} of this 2-d tensor."
-    return update
-
-
-for _name, (_fn, _axis) in _LINE_UPDATES.items():
-    setattr(Tensor, _name, _line_method(_name, _fn, _axis))
-
-
-# --- random samplers: name -> (sampler(key, shape, dtype, *params), parameter check) -----------
-def _check_probability(op: str, p: float) -> None:
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"{op}: p must be in [0, 1], got {p}")
-
-
-def _check_std(op: str, mean: float, std: float) -> None:
-    if std < 0:
-        raise ValueError(f"{op}: std must be non-negative, got {std}")
-
-
-def _check_bounds(op: str, low: float, high: float) -> None:
-    if low > high:
-        raise ValueError(f"{op}: low ({low}) must not exceed high ({high})")
-
-
-_SAMPLERS: Dict[str, Tuple[Callable, Callable]] = {
-    "bernoulli": (lambda key, shape, dt, p: jax.random.bernoulli(key, p, shape),
-                  _check_probability),
-    "gaussian": (lambda key, shape, dt, mean, std: mean + std * jax.random.normal(key, shape, dt),
-                 _check_std),
-    "uniform": (lambda key, shape, dt, low, high: jax.random.uniform(key, shape, dt, low, high),
-                _check_bounds),
-}
-
-
-_DRAW_CHUNK = 1 << 16  # samples per compiled draw
-
-
-def _draw(key: jax.Array, params: Tuple[float, ...], kind: str, shape: Tuple[int, ...],
-          dtype: np.dtype) -> jax.Array:
-    """Samples of ``kind`` in ``shape`` and ``dtype``.
-
-    XLA compiles the random-bit generator anew for every shape (about 0.5 s on a CPU, whatever
-    the size), which costs far more than drawing: samples are therefore always drawn in chunks
-    of ``_DRAW_CHUNK`` by ONE compiled program per kind and dtype (chunk i from
-    ``fold_in(key, i)``), concatenated and cut to size — a prefix of i.i.d. samples is i.i.d.
-    """
-    size = math.prod(shape)
-    # float32 samples for every dtype but float64 (converted after), so dtypes share programs
-    sample_dtype = float64 if dtype == float64 else float32
-    chunks = builtins.max(1, -(-size // _DRAW_CHUNK))
-    keys = [key] if chunks == 1 else [jax.random.fold_in(key, i) for i in range(chunks)]
-    parts = [_draw_flat(k, params, kind=kind, count=_DRAW_CHUNK, dtype=sample_dtype)
-             for k in keys]
-    flat = parts[0] if chunks == 1 else jnp.concatenate(parts)
-    return flat[:size].reshape(shape).astype(dtype)
-
-
-@functools.partial(jax.jit, static_argnames=("kind", "count", "dtype"))
-def _draw_flat(key: jax.Array, params: Tuple[float, ...], *, kind: str, count: int,
-               dtype: np.dtype) -> jax.Array:
-    # parameter values are traced, so changing them does not recompile
-    return _SAMPLERS[kind][0](key, (count,), dtype, *params).astype(dtype)
 
 
 PlaceHolder = Tensor  # SINGA's alias
@@ -819,11 +777,6 @@ def product(shape: Sequence[int]) -> int:
     return math.prod(int(s) for s in shape)
 
 
-def sizeof(dtype: Any) -> int:
-    """Bytes per element of ``dtype`` (a SINGA dtype constant or any dtype spec)."""
-    return to_dtype(dtype).itemsize
-
-
 def contiguous(tensor: Tensor) -> Tensor:
     return tensor.contiguous()
 
@@ -875,6 +828,7 @@ def pow(t: Tensor, x: Any, out: Optional[Tensor] = None) -> Tensor:
 
 
 def _make_elementwise(name: str, fn: Callable) -> Callable:
+    """SINGA's ``<name>(lhs, rhs, ret=None)``: ``fn`` elementwise, into ``ret`` when given."""
     def elementwise(lhs: Tensor, rhs: Any, ret: Optional[Tensor] = None) -> Tensor:
         return _elementwise(name, fn, lhs, rhs, ret)
     elementwise.__name__ = elementwise.__qualname__ = name
@@ -883,19 +837,20 @@ def _make_elementwise(name: str, fn: Callable) -> Callable:
     return elementwise
 
 
-def _make_comparison(name: str) -> Callable:
+def _make_comparison(name: str, fn: Callable) -> Callable:
+    """SINGA's ``<name>(t, x)``: the operator ``Tensor.__<name>__`` (which applies ``fn``)."""
     def comparison(t: Tensor, x: Any) -> Tensor:
         result = getattr(_check_tensor(name, "t", t), f"__{name}__")(x)
         if result is NotImplemented:
             raise TypeError(f"{name}: cannot compare a Tensor with a {type(x).__name__}")
         return result
     comparison.__name__ = comparison.__qualname__ = name
-    comparison.__doc__ = (f"Elementwise ``{_COMPARISONS[name].__name__}(t, x)`` as 0/1 in "
-                          f"``t``'s dtype.")
+    comparison.__doc__ = f"Elementwise ``{fn.__name__}(t, x)`` as 0/1 in ``t``'s dtype."
     return comparison
 
 
 def _make_unary(name: str, fn: Callable, formula: str) -> Callable:
+    """SINGA's ``<name>(t)``: a new tensor of ``fn`` of each element (``formula`` documents it)."""
     def unary(t: Tensor) -> Tensor:
         return _check_tensor(name, "t", t)._new(fn(t.data))
     unary.__name__ = unary.__qualname__ = name
@@ -903,21 +858,26 @@ def _make_unary(name: str, fn: Callable, formula: str) -> Callable:
     return unary
 
 
-# SINGA's elementwise module functions: name -> array function (+ formula for the docstring).
-_ELEMENTWISE = {"add": jnp.add, "sub": jnp.subtract, "eltwise_mult": jnp.multiply,
-                "div": jnp.true_divide}
-_UNARY: Dict[str, Tuple[Callable, str]] = {
-    "abs": (jnp.abs, "|x|"), "exp": (jnp.exp, "exp(x)"), "ceil": (jnp.ceil, "ceil(x)"),
-    "log": (jnp.log, "log(x)"), "sigmoid": (jax.nn.sigmoid, "1 / (1 + exp(-x))"),
-    "sign": (jnp.sign, "sign(x)"), "sqrt": (jnp.sqrt, "sqrt(x)"),
-    "square": (jnp.square, "x * x"), "tanh": (jnp.tanh, "tanh(x)"),
-}
-for _name, _fn in _ELEMENTWISE.items():
-    globals()[_name] = _make_elementwise(_name, _fn)
-for _name in ("lt", "le", "gt", "ge", "eq"):
-    globals()[_name] = _make_comparison(_name)
-for _name, (_fn, _formula) in _UNARY.items():
-    globals()[_name] = _make_unary(_name, _fn, _formula)
+add = _make_elementwise("add", jnp.add)
+sub = _make_elementwise("sub", jnp.subtract)
+eltwise_mult = _make_elementwise("eltwise_mult", jnp.multiply)
+div = _make_elementwise("div", jnp.true_divide)
+
+lt = _make_comparison("lt", jnp.less)
+le = _make_comparison("le", jnp.less_equal)
+gt = _make_comparison("gt", jnp.greater)
+ge = _make_comparison("ge", jnp.greater_equal)
+eq = _make_comparison("eq", jnp.equal)
+
+abs = _make_unary("abs", jnp.abs, "|x|")
+exp = _make_unary("exp", jnp.exp, "exp(x)")
+ceil = _make_unary("ceil", jnp.ceil, "ceil(x)")
+log = _make_unary("log", jnp.log, "log(x)")
+sigmoid = _make_unary("sigmoid", jax.nn.sigmoid, "1 / (1 + exp(-x))")
+sign = _make_unary("sign", jnp.sign, "sign(x)")
+sqrt = _make_unary("sqrt", jnp.sqrt, "sqrt(x)")
+square = _make_unary("square", jnp.square, "x * x")
+tanh = _make_unary("tanh", jnp.tanh, "tanh(x)")
 
 
 def mult(A: Tensor, B: Tensor, C: Optional[Tensor] = None, alpha: float = 1.0,
@@ -1033,6 +993,3 @@ def sum_rows(M: Tensor) -> Tensor:
     """Sum of the rows of the 2-d ``M``: a row of shape (1, columns)."""
     return _sum_keepdims("sum_rows", M, 0)
 
-
-_install_operators()
-del _name, _fn, _axis, _formula

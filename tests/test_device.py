@@ -13,7 +13,7 @@ from singa_jax import device, tensor
 
 def test_default_device_is_first_jax_device():
     dev = device.get_default_device()
-    assert isinstance(dev, device.Device) and dev.jax_device == jax.devices()[0]
+    assert isinstance(dev, device.Device) and dev.jax_device == jax.local_devices()[0]
     assert device.default_device is dev  # SINGA's module attribute
     assert device.get_default_device() is dev  # one Device (and one key) per jax.Device
 
@@ -41,7 +41,7 @@ def test_cpu_device_and_any_backend():
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks the absence of accelerators")
 @pytest.mark.parametrize("make, what", [
-    (device.create_cuda_gpu, "create_cuda_gpu_on"), (lambda: device.create_cuda_gpus(2),
+    (device.create_cuda_gpu, "create_cuda_gpu"), (lambda: device.create_cuda_gpus(2),
                                                      "create_cuda_gpus"),
     (lambda: device.create_cuda_gpu_on(1), "create_cuda_gpu_on"),
     (lambda: device.create_cuda_gpus_on([0, 1]), "create_cuda_gpus_on"),
@@ -49,12 +49,87 @@ def test_cpu_device_and_any_backend():
     (lambda: device.create_tpu_devices(2), "create_tpu_devices"),
     (lambda: device.create_cpu_devices(64), "create_cpu_devices"),
     (lambda: device.create_device("tpu", 3), "create_device"),
-    (lambda: device.get_gpu_mem_size(0), "create_cuda_gpu_on"),
-    (lambda: device.device_query(0), "create_cuda_gpu_on"),
+    (lambda: device.get_gpu_mem_size(0), "get_gpu_mem_size"),
+    (lambda: device.device_query(0), "device_query"),
     (device.create_opencl_device, "create_opencl_device")])
-def test_missing_devices_raise_listing_what_is_available(make, what):
+def test_missing_devices_raise_listing_what_is_available(make, what, monkeypatch):
+    monkeypatch.setattr(device, "_strict", [True])  # set_strict_devices(True), undone after
     with pytest.raises(ValueError, match=rf"{what}.*available devices: cpu:0"):
         make()
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks the absence of accelerators")
+def test_gpu_requests_fall_back_to_the_host_with_one_warning(monkeypatch):
+    monkeypatch.setattr(device, "_strict", [None])
+    monkeypatch.setattr(device, "_fallback_warned", [False])
+    monkeypatch.delenv(device.STRICT_ENV, raising=False)
+    with pytest.warns(RuntimeWarning, match="no GPU or TPU.*set_strict_devices"):
+        gpu = device.create_cuda_gpu()
+    assert gpu is device.create_cpu_device() is device.get_default_device()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warning is given once
+        assert device.create_cuda_gpu_on(0) is gpu
+        assert device.create_cuda_gpu_on(7) is device.get_default_device()  # no such host device
+        assert device.create_cuda_gpus(1) == [gpu]
+    monkeypatch.setenv(device.STRICT_ENV, "1")
+    with pytest.raises(ValueError, match="create_cuda_gpu_on: asked for accelerator"):
+        device.create_cuda_gpu_on(0)
+    monkeypatch.setenv(device.FALLBACK_ENV, "1")  # singa_jax.run's switch wins: fall back
+    assert device.create_cuda_gpu_on(0) is gpu
+    device.set_strict_devices(True)  # the explicit switch wins over both variables
+    with pytest.raises(ValueError, match="create_cuda_gpus"):
+        device.create_cuda_gpus(1)
+
+
+def test_two_threads_never_draw_the_same_key():
+    import threading
+    dev = device.get_default_device()
+    dev.SetRandSeed(3)
+    drawn = [[], []]
+
+    def draw(out):
+        for _ in range(200):
+            out.append(np.asarray(jax.random.key_data(dev.next_key())).tobytes())
+
+    threads = [threading.Thread(target=draw, args=(out,)) for out in drawn]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    keys = drawn[0] + drawn[1]
+    assert len(keys) == 400 and len(set(keys)) == 400
+
+
+def test_a_traced_key_is_never_seen_by_another_thread():
+    import threading
+    dev = device.get_default_device()
+    seen = []
+    inside, release = threading.Event(), threading.Event()
+
+    def other():
+        inside.wait(10)
+        seen.append(dev.key)
+        seen.append(dev.next_key())
+        release.set()
+
+    def traced(k):
+        dev.key = k  # what graph mode does while tracing a step
+        inside.set()
+        release.wait(10)
+        sub = dev.next_key()
+        assert isinstance(dev.key, jax.core.Tracer)
+        return sub
+
+    before = dev.key
+    thread = threading.Thread(target=other)
+    thread.start()
+    jax.jit(traced).trace(before)
+    thread.join()
+    dev.key = before  # the trace's end restores its starting key ...
+    assert not any(isinstance(k, jax.core.Tracer) for k in seen)
+    # ... but does not rewind what the other thread drew meanwhile
+    assert dev.key is not before
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="counts accelerators on a CPU host")

@@ -228,7 +228,7 @@ def test_static_arguments_select_programs():
 
 
 def test_value_dependent_control_flow_is_rejected_clearly():
-    net, runner = Net(dropout=False), GraphRunner("MyModel", explore_first=False)
+    net, runner = Net(dropout=False), GraphRunner("MyModel")
     before = {k: np.asarray(v.data) for k, v in net.get_states().items()}
     key_before = np.asarray(device.get_default_device().key)
 
@@ -248,12 +248,11 @@ def test_value_dependent_control_flow_is_rejected_clearly():
     np.testing.assert_array_equal(key_before, np.asarray(device.get_default_device().key))
 
 
-@pytest.mark.parametrize("explore_first", [True, False])
-def test_stale_constant_trap(explore_first):
+def test_stale_constant_trap():
     """A tensor read by the step but declared by nobody must not be frozen into the program."""
     net = Net(dropout=False)
     scale = Tensor(data=np.float32(1.0), requires_grad=False)  # undeclared
-    runner = GraphRunner(explore_first=explore_first)
+    runner = GraphRunner()
     x, _ = batch(0)
 
     def step(a):
@@ -261,23 +260,20 @@ def test_stale_constant_trap(explore_first):
 
     autograd.training = False
     state = list(net.get_states().values())
-    as_training = explore_first  # only training calls are explored
-    first = np.asarray(runner.run(step, "f", (x,), {}, state, as_training).data)
+    first = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
     scale.data = jnp.asarray(3.0, jnp.float32)
-    second = np.asarray(runner.run(step, "f", (x,), {}, state, as_training).data)
+    second = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
     np.testing.assert_allclose(second, 3 * first, rtol=1e-5)
     scale.data = jnp.asarray(-1.0, jnp.float32)
-    third = np.asarray(runner.run(step, "f", (x,), {}, state, as_training).data)
+    third = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
     np.testing.assert_allclose(third, -first, rtol=1e-5)
-    # traced first: the program with the constant runs once, then scale is an input;
-    # explored first: the eager call revealed scale, the only trace takes it as input
-    assert runner.trace_count == (1 if explore_first else 2)
+    # the program with the constant runs once, then scale is an input
+    assert runner.trace_count == 2
 
 
-@pytest.mark.parametrize("explore_first", [True, False])
-def test_undeclared_written_tensor_gets_concrete_value(explore_first):
+def test_undeclared_written_tensor_gets_concrete_value():
     counter = Tensor(data=np.float32(0), requires_grad=False)  # undeclared, written each step
-    runner = GraphRunner(explore_first=explore_first)
+    runner = GraphRunner()
     x, _ = batch(0)
 
     def step(a):
@@ -290,9 +286,8 @@ def test_undeclared_written_tensor_gets_concrete_value(explore_first):
     assert float(counter.data) == 15.0
 
 
-@pytest.mark.parametrize("explore_first", [True, False])
-def test_lazily_created_slots_become_state(explore_first):
-    net, opt, runner = Net(dropout=False), MomentumSGD(), GraphRunner(explore_first=explore_first)
+def test_lazily_created_slots_become_state():
+    net, opt, runner = Net(dropout=False), MomentumSGD(), GraphRunner()
     declared = list(net.get_states().values()) + tensors_in(opt)
     x, y = batch(0)
     runner.run(lambda a, b: train_one_batch(net, opt, a, b), "t", (x, y), {}, declared, True)

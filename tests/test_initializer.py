@@ -91,3 +91,11 @@ def test_bad_inputs():
         initializer.he_normal(np.zeros((2, 2)))
     with pytest.raises(TypeError, match="dtype int32"):
         initializer.glorot_uniform(Tensor(shape=(2, 2), dtype=np.int32))
+
+
+@pytest.mark.parametrize("name", sorted({case[0] for case in FAN_CASES}))
+def test_fan_initializer_names_itself(name):
+    fn = getattr(initializer, name)
+    assert fn.__name__ == name and "Fill ``t`` in place with" in fn.__doc__
+    with pytest.raises(TypeError, match=rf"initializer\.{name}: expected a Tensor"):
+        fn([[0.0]])

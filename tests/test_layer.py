@@ -504,6 +504,52 @@ def test_register_layers_and_renaming():
     assert seq.Linear_0.W.name == "body.Linear_0.W"
 
 
+def test_structure_version_propagates_to_every_parent_and_only_to_them(rng):
+    net, other = Net(), Net()
+    shared = layer.Linear(2)
+    net.extra = shared
+    other.extra = shared  # a layer registered in two parents bumps both
+
+    def versions():
+        return {"net": net.structure_version, "block": net.block1.structure_version,
+                "bn": net.block1.bn.structure_version, "other": other.structure_version,
+                "other_bn": other.block1.bn.structure_version}
+
+    before = versions()
+    net.block1.bn.momentum = 0.5  # deep in net's tree: bn, block1 and net change
+    after = versions()
+    assert {k for k in before if after[k] != before[k]} == {"net", "block", "bn"}
+    before = after
+    shared.bias = False
+    after = versions()
+    assert {k for k in before if after[k] != before[k]} == {"net", "other"}
+    # lazy initialisation (new parameters, the _initialized flag) is a change of structure too
+    before = after
+    net(T(randn(rng, 2, 3, 4, 4)))
+    assert net.structure_version != before["net"] and other.structure_version == before["other"]
+    # a replaced or deleted sublayer no longer reports to its old parent
+    old_fc = net.fc
+    net.fc = layer.Linear(2)
+    before = net.structure_version
+    old_fc.bias = False
+    assert net.structure_version == before
+    old_block = net.block1
+    del net.block1
+    before = net.structure_version
+    old_block.bn.momentum = 0.1
+    assert net.structure_version == before
+
+
+def test_structure_version_links_survive_deepcopy():
+    import copy
+    net = Net()
+    dup = copy.deepcopy(net)
+    assert dup.block1.bn._parents and dup.block1._parents
+    before, dup_before = net.structure_version, dup.structure_version
+    dup.block1.bn.momentum = 0.5  # the copy's tree reports to the copy, not to the original
+    assert dup.structure_version != dup_before and net.structure_version == before
+
+
 def test_set_states_round_trip_and_validation(rng):
     net = Net()
     x = T(randn(rng, 2, 3, 4, 4))

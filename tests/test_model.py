@@ -300,6 +300,63 @@ def test_replaced_parameter_tensor_is_used_by_the_compiled_step():
     assert np.abs(moved - new_value).max() < 1.0
 
 
+class Head(layer.Layer):
+    def __init__(self):
+        super().__init__()
+        self.fc = layer.Linear(3)
+
+    def forward(self, x):
+        return self.fc(autograd.relu(x))
+
+
+class Deep(model.Model):
+    """An MLP whose second layer sits two levels down (model -> head -> fc)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = layer.Linear(12)
+        self.head = Head()
+        self.loss = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        return self.head(self.fc1(x))
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        self.optimizer(loss)
+        return out, loss
+
+
+def test_declared_state_cache_is_per_model():
+    """A model's cached state list holds until something in ITS tree is assigned: a new
+    parameter deep in the tree is picked up at once, assignments in another model are not
+    even looked at (the cached tuple stays the same object)."""
+    m = build(Deep, OPTIMIZERS["sgd_momentum"], True, MLP_IN)
+    other = build(Deep, OPTIMIZERS["sgd_momentum"], True, MLP_IN)
+    m(*data(MLP_IN, 0))
+    declared = m._declared_state()[0]
+    assert m._declared_state()[0] is declared  # cached
+    other.head.fc.W = tensor.Tensor(data=np.zeros((12, 3), np.float32), requires_grad=True,
+                                    stores_grad=True)
+    other.head.extra = layer.Linear(2)
+    assert m._declared_state()[0] is declared  # unrelated model: cache kept
+    old_w = m.head.fc.W
+    new_w = tensor.Tensor(data=np.full((12, 3), 0.05, np.float32), requires_grad=True,
+                          stores_grad=True)
+    m.head.fc.W = new_w  # two levels down
+    redeclared = m._declared_state()[0]
+    assert redeclared is not declared
+    assert any(t is new_w for t in redeclared) and not any(t is old_w for t in redeclared)
+    assert {id(t) for t in redeclared} >= {id(t) for t in m.get_states().values()}
+    # and the compiled step trains the new tensor
+    m(*data(MLP_IN, 1))
+    assert not np.allclose(tensor.to_numpy(new_w), 0.05)
+    # a new sublayer deep in the tree invalidates the cache as well
+    m.head.fc.extra = layer.Linear(2)
+    assert m._declared_state()[0] is not redeclared
+
+
 def test_compiled_step_carries_only_the_state_it_changes():
     m = build(MLP, lambda: opt.SGD(lr=0.1, momentum=0.9), True, MLP_IN)
     for s in range(3):

@@ -412,6 +412,7 @@ def test_shape_queries(rng):
     t = T(sample(rng, (2, 3, 4), np.float16))
     assert (t.shape, t.ndim(), t.size(), t.memsize(), len(t)) == ((2, 3, 4), 3, 24, 48, 2)
     assert not t.is_empty() and not t.is_transpose() and t.is_dummy()
+    assert not tensor.Tensor((2,), name="w").is_dummy()
     assert tensor.Tensor(()).is_empty()
     assert tensor.product((2, 3, 4)) == 24 and tensor.product(()) == 1
 
@@ -502,14 +503,25 @@ def test_clone_copy_deepcopy_are_independent_handles(rng):
     a = sample(rng, (2, 3))
     t = T(a)
     for dup in (t.clone(), t.copy(), t.deepcopy(), tensor.contiguous(t), t.contiguous(),
-                copy.copy(t)):
+                copy.copy(t), copy.deepcopy(t)):
         assert dup is not t and dup.shape == t.shape and dup.dtype == t.dtype
         dup += 1
         close(dup, a + 1)
         close(t, a)
-    t.stores_grad, t.name = True, "w"
-    deep = copy.deepcopy(t)
-    assert deep is not t and deep.name == "w" and deep.stores_grad and deep.device is t.device
+
+
+@pytest.mark.parametrize("requires_grad, stores_grad", [(False, False), (True, True)])
+def test_singa_copies_reset_flags_python_copies_keep_them(rng, requires_grad, stores_grad):
+    t = Tensor(data=sample(rng, (2, 3)), requires_grad=requires_grad, stores_grad=stores_grad,
+               name="w")
+    # SINGA's methods: a new tensor with default flags and an automatic name ("same as clone()")
+    for dup in (t.clone(), t.copy(), t.deepcopy()):
+        assert dup.requires_grad and not dup.stores_grad and dup.is_dummy()
+        assert dup.device is t.device and dup.creator.tensor is dup
+    # Python's copy protocol copies this object: flags and name come along, the Device is shared
+    for dup in (copy.copy(t), copy.deepcopy(t)):
+        assert (dup.requires_grad, dup.stores_grad, dup.name) == (requires_grad, stores_grad, "w")
+        assert dup.device is t.device and dup.creator.tensor is dup
 
 
 @pytest.mark.parametrize("src_shape, offset", [((2, 3), 0), ((6,), 0), ((3, 2), 0), ((2,), 3)])
@@ -710,6 +722,80 @@ def test_random_parameter_errors(kind, params):
     with pytest.raises(ValueError, match=kind):
         getattr(t, kind)(*params)
     np.testing.assert_array_equal(N(t), np.zeros(3))
+
+
+def test_random_parameter_errors_leave_the_device_key_alone():
+    dev = device.get_default_device()
+    draws = []
+    for fail_first in (False, True):
+        dev.SetRandSeed(7)
+        if fail_first:
+            with pytest.raises(ValueError, match="uniform"):
+                tensor.Tensor((3,), dev).uniform(2.0, 1.0)
+        draws.append(N(tensor.Tensor((3,), dev).gaussian(0.0, 1.0)))
+    np.testing.assert_array_equal(draws[0], draws[1])
+
+
+def test_sampling_draw_shapes_dtypes_and_chunks():
+    from singa_jax import sampling
+    key = jax.random.PRNGKey(0)
+    size = sampling._DRAW_CHUNK + 10  # two chunks: the second from fold_in(key, 1)
+    values = np.asarray(sampling.draw("uniform", key, (2.0, 3.0), (size,), np.float16))
+    assert values.shape == (size,) and values.dtype == np.float16
+    assert 2.0 <= values.min() and values.max() <= 3.0
+    assert abs(float(values.mean()) - 2.5) < 0.01
+    # within one chunk, a smaller draw is a prefix of a larger one (one compiled program)
+    head = np.asarray(sampling.draw("uniform", key, (2.0, 3.0), (5,), np.float16))
+    more = np.asarray(sampling.draw("uniform", key, (2.0, 3.0), (4, 25), np.float16))
+    np.testing.assert_array_equal(head, more.reshape(-1)[:5])
+    with pytest.raises(ValueError, match="unknown sample kind 'poisson'"):
+        sampling.draw("poisson", key, (1.0,), (3,), np.float32)
+
+
+# --- module layout: dtypes, sampling and creator live apart, tensor re-exports ----------------
+def test_tensor_reexports_the_dtype_module():
+    from singa_jax import dtypes
+    for name in dtypes.__all__:
+        assert getattr(tensor, name) is getattr(dtypes, name), name
+    assert tensor.singa_dtype_code(tensor.int64) == 5 and tensor.singa_dtype_code("float") == 0
+
+
+def test_every_name_in_tensor_all_exists():
+    missing = [n for n in tensor.__all__ if not hasattr(tensor, n)]
+    assert not missing
+
+
+def test_leaf_creator_is_the_creator_modules_dummy():
+    from singa_jax import autograd, creator
+    assert autograd.Dummy is creator.Dummy and autograd.engine.Dummy is creator.Dummy
+    t = tensor.Tensor((2, 3), name="w")
+    leaf = t.creator
+    assert type(leaf) is creator.Dummy and isinstance(leaf, creator.Node)
+    assert (leaf.name, leaf.src, leaf.y_id2idx, leaf.requires_grad) == ("w", [], {id(t): 0}, False)
+    assert (leaf.output_name(0), leaf.grad_name(0), leaf.get_params()) == ("w", "w_g", [])
+    assert leaf.tensor is t and leaf.shape == (2, 3)  # attributes forwarded to the tensor
+
+
+def test_dummy_holds_its_tensor_weakly():
+    import gc
+    leaf = tensor.Tensor((2,)).creator
+    gc.collect()
+    assert leaf.tensor is None
+    with pytest.raises(AttributeError):
+        leaf.shape
+
+
+def test_tensor_and_creator_do_not_import_autograd():
+    import ast
+    import pathlib
+    root = pathlib.Path(tensor.__file__).parent
+    for module in ("tensor.py", "creator.py", "dtypes.py", "sampling.py"):
+        tree = ast.parse((root / module).read_text())
+        imported = [node.module or "" for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom)]
+        assert not [m for m in imported if "autograd" in m], module
+    creator_tree = ast.parse((root / "creator.py").read_text())
+    assert not [n for n in ast.walk(creator_tree) if isinstance(n, ast.ImportFrom) and n.level]
 
 
 # --- identity, truth, tracing -------------------------------------------------------------------

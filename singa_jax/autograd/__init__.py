@@ -1,18 +1,40 @@
 """SINGA's ``autograd`` module on JAX: the engine plus the operator catalogue.
 
 ``training`` is SINGA's module flag: operators keep what backward needs only while it is True.
-The engine (engine.py) knows nothing about particular ops; the catalogue is split by family.
+It is a view of :mod:`singa_jax.modes` (reading gives this thread's training mode; assigning sets
+it, see there), so ``autograd.training = True`` works as in SINGA while the mode stays scoped.
+The engine (engine.py) knows nothing about particular ops; the operator kit is function.py; the
+catalogue is split by family.
 """
+import sys
+import types
+
+from .. import modes as _modes
 from .engine import (Operator, Operation, Dummy, infer_dependency, gradients, backward,  # noqa: F401
                      is_training)
-from .function import Function, make_function  # noqa: F401
+from .function import (Function, make_function, CTensor, axis_helper, back_broadcast,  # noqa: F401
+                       ctensor2numpy)
 from .elementwise import *  # noqa: F401,F403
 from .shape import *  # noqa: F401,F403
 from .reduce import *  # noqa: F401,F403
 from .nn import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
 
-training = False
+
+
+class _AutogradModule(types.ModuleType):
+    """This module's type: makes ``training`` a live view of the scoped training mode."""
+
+    @property
+    def training(self) -> bool:
+        return _modes.is_training()
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        _modes.set_training(mode)
+
+
+sys.modules[__name__].__class__ = _AutogradModule
 
 
 def __getattr__(name: str):

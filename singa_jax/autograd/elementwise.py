@@ -7,32 +7,29 @@ the gradients are the true ones (un-broadcasting included). Forward conventions 
 tie-breaking, argument names and defaults) follow SINGA 5.1; where SINGA's hand-written backward
 was wrong we do not copy it (docs/autograd.md lists the differences).
 
-Families of similar ops are declared by table (``_UNARY``, ``_BINARY``) and turned into classes
-and SINGA's functional forms by :func:`declare_ops`.
+Families of similar ops are declared one row each: ``Exp, exp = declare("Exp", "exp", ...)``
+gives the op class and SINGA's functional form (see :func:`~singa_jax.autograd.function.declare`).
 """
 from __future__ import annotations
 
-import inspect
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
-import numpy as np
 
 from ..tensor import Tensor, to_dtype
-from .function import Function, make_function
+from .function import Function, TensorArgsOp, declare
 
 __all__ = [
-    "CTensor", "axis_helper", "back_broadcast", "ctensor2numpy",
-    # unary table
+    # unary
     "ReLU", "relu", "Identity", "identity", "Tanh", "tanh", "Cos", "cos", "Cosh", "cosh",
     "Acos", "acos", "Acosh", "acosh", "Sin", "sin", "Sinh", "sinh", "Asin", "asin", "Asinh",
     "asinh", "Tan", "tan", "Atan", "atan", "Atanh", "atanh", "Sigmoid", "sigmoid", "Abs", "abs",
     "Exp", "exp", "Log", "log", "Sqrt", "sqrt", "Sign", "sign", "SoftSign", "softsign",
     "SoftPlus", "softplus", "Negative", "negative", "Reciprocal", "reciprocal", "Ceil", "ceil",
     "Floor", "floor", "Round", "round", "Rounde", "rounde", "Erf", "erf", "Not", "_not",
-    # binary table
+    # binary
     "Add", "add", "Sub", "sub", "Mul", "mul", "Div", "div", "Pow", "pow", "PRelu", "prelu",
     "Less", "less", "Greater", "greater", "Equal", "equal", "And", "_and", "Or", "_or",
     "Xor", "_xor",
@@ -43,142 +40,10 @@ __all__ = [
     "Matmul", "matmul", "AddBias", "add_bias", "Gemm", "gemm",
 ]
 
-CTensor = jax.Array  # SINGA's C++ tensor type; here the array behind every Tensor
-
-
-# --------------------------------------------------------------------------------------------
-# helpers shared by elementwise.py, shape.py and reduce.py
-# --------------------------------------------------------------------------------------------
-def axis_helper(y_shape: Sequence[int], x_shape: Sequence[int]) -> Tuple[int, ...]:
-    """The axes of ``y_shape`` along which an operand of shape ``x_shape`` was broadcast."""
-    axes = []
-    j = len(x_shape) - 1
-    for i in range(len(y_shape) - 1, -1, -1):
-        if j < 0 or x_shape[j] != y_shape[i]:
-            axes.append(i)
-        j -= 1
-    return tuple(reversed(axes))
-
-
-def back_broadcast(y_shape: Sequence[int], x_shape: Sequence[int], x: jax.Array) -> jax.Array:
-    """Sum a gradient of shape ``y_shape`` back to the shape ``x_shape`` it was broadcast from."""
-    if tuple(y_shape) == tuple(x_shape):
-        return x
-    return jnp.reshape(jnp.sum(x, axis=axis_helper(y_shape, x_shape)), tuple(x_shape))
-
-
-def ctensor2numpy(x: jax.Array) -> np.ndarray:
-    """A host (NumPy) copy of an array (SINGA's helper; for tests and host-side code only)."""
-    return np.asarray(x)
-
-
-class StaticOp(Function):
-    """A Function with static arguments, which are readable as attributes (``op.axis``), as
-    SINGA's operators expose them (sonnx reads them)."""
-
-    def __getattr__(self, name: str) -> Any:
-        for store in ("static", "tensor_args"):
-            values = self.__dict__.get(store)
-            if values is not None and name in values:
-                return values[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-
-class TensorArgsOp(StaticOp):
-    """An op whose constructor takes array-valued arguments (SINGA's ``Where(condition)``,
-    ``Gather(axis, indices)``...). They are appended to the inputs as Tensors so that changing
-    their values never recompiles; integer ones get no gradient."""
-
-    tensor_arg_names: Tuple[str, ...] = ()
-
-    def __init__(self, tensor_args: Dict[str, Any], **static):
-        super().__init__(**static)
-        self.tensor_args = tensor_args
-
-    def __call__(self, *xs: Tensor) -> Tuple[Tensor, ...]:
-        if not xs or not isinstance(xs[0], Tensor):
-            return super().__call__(*xs)  # let the engine raise its TypeError
-        extra = tuple(as_tensor(self.tensor_args[n], xs[0].device) for n in self.tensor_arg_names)
-        return super().__call__(*xs, *extra)
-
-
-def as_tensor(value: Any, device) -> Tensor:
-    """``value`` (a Tensor, list or array: a host-side constant) as a Tensor that needs no grad."""
-    if isinstance(value, Tensor):
-        return value
-    arr = value if isinstance(value, jax.Array) else np.asarray(value)
-    return Tensor(data=arr, device=device, dtype=arr.dtype, requires_grad=False)
-
-
-class NonDifferentiable:
-    """Mixin for ops whose outputs carry no gradient (comparisons, logic, indices, shapes).
-
-    ``requires_grad`` is pinned to False, so the forward keeps no backward state, the outputs do
-    not require grad and ``backward`` never walks into the op.
-    """
-
-    requires_grad = property(lambda self: False, lambda self, value: None)
-
-    def backward(self, *dys):
-        return (None,) * len(self.src)
-
-
-def normalize_axis(axis: int, ndim: int) -> int:
-    """``axis`` in ``[0, ndim)`` (negative counts from the end); ValueError when out of range."""
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for a {ndim}-d input")
-    return axis % ndim
-
-
-def host_values(op: str, x: jax.Array) -> np.ndarray:
-    """The values of ``x`` on the host, for the few ops whose output SHAPE depends on them."""
-    if isinstance(x, jax.core.Tracer):
-        raise ValueError(f"{op}: the output shape depends on the input's values, so it cannot run "
-                         f"inside a compiled (graph-mode / jit) step")
-    return np.asarray(jax.device_get(x))
-
-
 def float_mask(cond: jax.Array, *operands: jax.Array) -> jax.Array:
     """A boolean result in SINGA's dtype: 0/1 in the operands' float dtype (float32 for ints)."""
     dtype = jnp.result_type(*operands)
     return cond.astype(dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32)
-
-
-def functional(op_cls: type, name: str, params: Sequence[str], doc: str = "") -> Callable:
-    """SINGA's functional form of a parameterless op: ``name(*params) == op_cls()(*params)[0]``
-    with the signature SINGA declares (``params``; ``"*l"`` means variadic)."""
-    sig = inspect.Signature([
-        inspect.Parameter(p.lstrip("*"), inspect.Parameter.VAR_POSITIONAL if p.startswith("*")
-                          else inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
-
-    variadic = any(p.startswith("*") for p in params)
-
-    def f(*args, **kwargs):
-        if kwargs or variadic or len(args) != len(params):  # the usual call skips the binding
-            try:
-                args = sig.bind(*args, **kwargs).args
-            except TypeError as e:
-                raise TypeError(f"{name}(): {e}") from None
-        return op_cls()(*args)[0]
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = doc or op_cls.__doc__
-    f.__signature__ = sig
-    f.__module__ = "singa_jax.autograd"
-    return f
-
-
-def declare_ops(table, namespace: Dict[str, Any]) -> None:
-    """Turn table rows ``(ClassName, funcname, params, fn, differentiable, doc)`` into an op
-    class and its functional form in ``namespace``."""
-    for cls_name, func_name, params, fn, differentiable, doc in table:
-        if differentiable:
-            cls = make_function(cls_name, fn, doc)
-        else:
-            cls = type(cls_name, (NonDifferentiable, Function),
-                       {"fn": staticmethod(fn), "__doc__": doc, "__module__": "singa_jax.autograd"})
-        namespace[cls_name] = cls
-        namespace[func_name] = functional(cls, func_name, params, doc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,43 +56,41 @@ def _round_half_away(x):
     return jnp.sign(x) * (whole + (a - whole >= 0.5))
 
 
-_UNARY = [
-    # (class, function, SINGA's parameter names, pure function, differentiable, doc)
-    ("ReLU", "relu", ("x",), jax.nn.relu, True, "y = max(0, x); dy/dx = 1 where x > 0."),
-    ("Identity", "identity", ("x",), lambda x: x, True, "y = x."),
-    ("Tanh", "tanh", ("x",), jnp.tanh, True, "y = tanh(x)."),
-    ("Cos", "cos", ("x",), jnp.cos, True, "y = cos(x)."),
-    ("Cosh", "cosh", ("x",), jnp.cosh, True, "y = cosh(x)."),
-    ("Acos", "acos", ("x",), jnp.arccos, True, "y = arccos(x)."),
-    ("Acosh", "acosh", ("x",), jnp.arccosh, True, "y = arccosh(x)."),
-    ("Sin", "sin", ("x",), jnp.sin, True, "y = sin(x)."),
-    ("Sinh", "sinh", ("x",), jnp.sinh, True, "y = sinh(x)."),
-    ("Asin", "asin", ("x",), jnp.arcsin, True, "y = arcsin(x)."),
-    ("Asinh", "asinh", ("x",), jnp.arcsinh, True, "y = arcsinh(x)."),
-    ("Tan", "tan", ("x",), jnp.tan, True, "y = tan(x)."),
-    ("Atan", "atan", ("x",), jnp.arctan, True, "y = arctan(x)."),
-    ("Atanh", "atanh", ("x",), jnp.arctanh, True, "y = arctanh(x)."),
-    ("Sigmoid", "sigmoid", ("x",), jax.nn.sigmoid, True, "y = 1 / (1 + exp(-x))."),
-    ("Abs", "abs", ("a",), jnp.abs, True, "y = |a|."),
-    ("Exp", "exp", ("a",), jnp.exp, True, "y = exp(a)."),
-    ("Log", "log", ("x",), jnp.log, True, "y = ln(x)."),
-    ("Sqrt", "sqrt", ("x",), jnp.sqrt, True, "y = x ** 0.5."),
-    ("Sign", "sign", ("a",), jnp.sign, True, "y = 1, 0 or -1 by the sign of a (zero gradient)."),
-    ("SoftSign", "softsign", ("x",), lambda x: x / (1 + jnp.abs(x)), True, "y = x / (1 + |x|)."),
-    ("SoftPlus", "softplus", ("x",), jax.nn.softplus, True, "y = ln(exp(x) + 1)."),
-    ("Negative", "negative", ("x",), jnp.negative, True, "y = -x."),
-    ("Reciprocal", "reciprocal", ("x",), lambda x: 1 / x, True, "y = 1 / x."),
-    ("Ceil", "ceil", ("x",), jnp.ceil, True, "y = ceil(x) (zero gradient)."),
-    ("Floor", "floor", ("x",), jnp.floor, True, "y = floor(x) (zero gradient)."),
-    ("Round", "round", ("x",), _round_half_away, True,
-     "y = x rounded to the nearest integer, halves away from zero (zero gradient)."),
-    ("Rounde", "rounde", ("x",), jnp.round, True,
-     "y = x rounded to the nearest integer, halves to even (zero gradient)."),
-    ("Erf", "erf", ("x",), jsp.erf, True, "y = erf(x); dy/dx = 2 / sqrt(pi) * exp(-x^2)."),
-    ("Not", "_not", ("x",), lambda x: float_mask(x == 0, x), False,
-     "y = 1 where x == 0 else 0 (logical not; no gradient)."),
-]
-declare_ops(_UNARY, globals())
+ReLU, relu = declare("ReLU", "relu", ("x",), jax.nn.relu, "y = max(0, x); dy/dx = 1 where x > 0.")
+Identity, identity = declare("Identity", "identity", ("x",), lambda x: x, "y = x.")
+Tanh, tanh = declare("Tanh", "tanh", ("x",), jnp.tanh, "y = tanh(x).")
+Cos, cos = declare("Cos", "cos", ("x",), jnp.cos, "y = cos(x).")
+Cosh, cosh = declare("Cosh", "cosh", ("x",), jnp.cosh, "y = cosh(x).")
+Acos, acos = declare("Acos", "acos", ("x",), jnp.arccos, "y = arccos(x).")
+Acosh, acosh = declare("Acosh", "acosh", ("x",), jnp.arccosh, "y = arccosh(x).")
+Sin, sin = declare("Sin", "sin", ("x",), jnp.sin, "y = sin(x).")
+Sinh, sinh = declare("Sinh", "sinh", ("x",), jnp.sinh, "y = sinh(x).")
+Asin, asin = declare("Asin", "asin", ("x",), jnp.arcsin, "y = arcsin(x).")
+Asinh, asinh = declare("Asinh", "asinh", ("x",), jnp.arcsinh, "y = arcsinh(x).")
+Tan, tan = declare("Tan", "tan", ("x",), jnp.tan, "y = tan(x).")
+Atan, atan = declare("Atan", "atan", ("x",), jnp.arctan, "y = arctan(x).")
+Atanh, atanh = declare("Atanh", "atanh", ("x",), jnp.arctanh, "y = arctanh(x).")
+Sigmoid, sigmoid = declare("Sigmoid", "sigmoid", ("x",), jax.nn.sigmoid, "y = 1 / (1 + exp(-x)).")
+Abs, abs = declare("Abs", "abs", ("a",), jnp.abs, "y = |a|.")
+Exp, exp = declare("Exp", "exp", ("a",), jnp.exp, "y = exp(a).")
+Log, log = declare("Log", "log", ("x",), jnp.log, "y = ln(x).")
+Sqrt, sqrt = declare("Sqrt", "sqrt", ("x",), jnp.sqrt, "y = x ** 0.5.")
+Sign, sign = declare("Sign", "sign", ("a",), jnp.sign,
+                     "y = 1, 0 or -1 by the sign of a (zero gradient).")
+SoftSign, softsign = declare("SoftSign", "softsign", ("x",), lambda x: x / (1 + jnp.abs(x)),
+                             "y = x / (1 + |x|).")
+SoftPlus, softplus = declare("SoftPlus", "softplus", ("x",), jax.nn.softplus, "y = ln(exp(x) + 1).")
+Negative, negative = declare("Negative", "negative", ("x",), jnp.negative, "y = -x.")
+Reciprocal, reciprocal = declare("Reciprocal", "reciprocal", ("x",), lambda x: 1 / x, "y = 1 / x.")
+Ceil, ceil = declare("Ceil", "ceil", ("x",), jnp.ceil, "y = ceil(x) (zero gradient).")
+Floor, floor = declare("Floor", "floor", ("x",), jnp.floor, "y = floor(x) (zero gradient).")
+Round, round = declare("Round", "round", ("x",), _round_half_away,
+                       "y = x rounded to the nearest integer, halves away from zero (zero gradient).")
+Rounde, rounde = declare("Rounde", "rounde", ("x",), jnp.round,
+                         "y = x rounded to the nearest integer, halves to even (zero gradient).")
+Erf, erf = declare("Erf", "erf", ("x",), jsp.erf, "y = erf(x); dy/dx = 2 / sqrt(pi) * exp(-x^2).")
+Not, _not = declare("Not", "_not", ("x",), lambda x: float_mask(x == 0, x),
+                    "y = 1 where x == 0 else 0 (logical not; no gradient).", differentiable=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,32 +106,26 @@ def _nonzero(x):
     return x != 0
 
 
-_BINARY = [
-    ("Add", "add", ("a", "b"), jnp.add, True, "y = a + b (broadcasting)."),
-    ("Sub", "sub", ("a", "b"), jnp.subtract, True, "y = a - b (broadcasting)."),
-    ("Mul", "mul", ("x", "y"), jnp.multiply, True, "y = x * y (broadcasting)."),
-    ("Div", "div", ("a", "b"), _div, True, "y = a / b (broadcasting)."),
-    ("Pow", "pow", ("a", "b"), jnp.power, True,
-     "y = a ** b (broadcasting); dy/db = a^b ln(a) needs a > 0."),
-    ("PRelu", "prelu", ("x", "slope"), lambda x, s: jnp.where(x >= 0, x, s * x), True,
-     "y = x for x >= 0, slope * x for x < 0 (slope broadcasts; both get gradients)."),
-    ("Less", "less", ("x", "y"), lambda x, y: float_mask(x < y, x, y), False,
-     "y = 1.0 where x < y else 0.0 (no gradient)."),
-    ("Greater", "greater", ("x", "y"), lambda x, y: float_mask(x > y, x, y),
-     False, "y = 1.0 where x > y else 0.0 (no gradient)."),
-    ("Equal", "equal", ("x", "y"), lambda x, y: float_mask(x == y, x, y), False,
-     "y = 1.0 where x == y else 0.0 (no gradient)."),
-    ("And", "_and", ("a", "b"),
-     lambda a, b: float_mask(_nonzero(a) & _nonzero(b), a, b), False,
-     "y = 1.0 where both a and b are nonzero (no gradient)."),
-    ("Or", "_or", ("a", "b"),
-     lambda a, b: float_mask(_nonzero(a) | _nonzero(b), a, b), False,
-     "y = 1.0 where a or b is nonzero (no gradient)."),
-    ("Xor", "_xor", ("a", "b"),
-     lambda a, b: float_mask(_nonzero(a) ^ _nonzero(b), a, b), False,
-     "y = 1.0 where exactly one of a, b is nonzero (no gradient)."),
-]
-declare_ops(_BINARY, globals())
+Add, add = declare("Add", "add", ("a", "b"), jnp.add, "y = a + b (broadcasting).")
+Sub, sub = declare("Sub", "sub", ("a", "b"), jnp.subtract, "y = a - b (broadcasting).")
+Mul, mul = declare("Mul", "mul", ("x", "y"), jnp.multiply, "y = x * y (broadcasting).")
+Div, div = declare("Div", "div", ("a", "b"), _div, "y = a / b (broadcasting).")
+Pow, pow = declare("Pow", "pow", ("a", "b"), jnp.power,
+                   "y = a ** b (broadcasting); dy/db = a^b ln(a) needs a > 0.")
+PRelu, prelu = declare("PRelu", "prelu", ("x", "slope"), lambda x, s: jnp.where(x >= 0, x, s * x),
+                       "y = x for x >= 0, slope * x for x < 0 (slope broadcasts; both get gradients).")
+Less, less = declare("Less", "less", ("x", "y"), lambda x, y: float_mask(x < y, x, y),
+                     "y = 1.0 where x < y else 0.0 (no gradient).", differentiable=False)
+Greater, greater = declare("Greater", "greater", ("x", "y"), lambda x, y: float_mask(x > y, x, y),
+                           "y = 1.0 where x > y else 0.0 (no gradient).", differentiable=False)
+Equal, equal = declare("Equal", "equal", ("x", "y"), lambda x, y: float_mask(x == y, x, y),
+                       "y = 1.0 where x == y else 0.0 (no gradient).", differentiable=False)
+And, _and = declare("And", "_and", ("a", "b"), lambda a, b: float_mask(_nonzero(a) & _nonzero(b), a, b),
+                    "y = 1.0 where both a and b are nonzero (no gradient).", differentiable=False)
+Or, _or = declare("Or", "_or", ("a", "b"), lambda a, b: float_mask(_nonzero(a) | _nonzero(b), a, b),
+                  "y = 1.0 where a or b is nonzero (no gradient).", differentiable=False)
+Xor, _xor = declare("Xor", "_xor", ("a", "b"), lambda a, b: float_mask(_nonzero(a) ^ _nonzero(b), a, b),
+                    "y = 1.0 where exactly one of a, b is nonzero (no gradient).", differentiable=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,7 +138,7 @@ def _clip(x, *, min, max):  # noqa: A002 (SINGA's argument names)
     return jnp.where(x < lo, lo, jnp.where(x > hi, hi, x)).astype(x.dtype)
 
 
-class Clip(StaticOp):
+class Clip(Function):
     """y = min(max(x, min), max); ``None`` leaves that side open. dy/dx = 1 inside [min, max]."""
 
     fn = staticmethod(_clip)
@@ -301,7 +158,7 @@ def _elu(x, *, alpha):
     return jnp.where(x >= 0, x, alpha * jnp.expm1(jnp.minimum(x, 0)))
 
 
-class Elu(StaticOp):
+class Elu(Function):
     """y = x for x >= 0, alpha * (exp(x) - 1) for x < 0."""
 
     fn = staticmethod(_elu)
@@ -319,7 +176,7 @@ def _selu(x, *, alpha, gamma):
     return gamma * jnp.where(x > 0, x, alpha * jnp.expm1(jnp.minimum(x, 0)))
 
 
-class SeLU(StaticOp):
+class SeLU(Function):
     """y = gamma * x for x > 0, gamma * alpha * (exp(x) - 1) for x <= 0."""
 
     fn = staticmethod(_selu)
@@ -333,7 +190,7 @@ def selu(x: Tensor, alpha: float = 1.67326, gamma: float = 1.0507) -> Tensor:
     return SeLU(alpha, gamma)(x)[0]
 
 
-class LeakyRelu(StaticOp):
+class LeakyRelu(Function):
     """y = x for x >= 0, a * x for x < 0."""
 
     fn = staticmethod(lambda x, *, a: jnp.where(x >= 0, x, a * x))
@@ -347,7 +204,7 @@ def leakyrelu(x: Tensor, a: float = 0.01) -> Tensor:
     return LeakyRelu(a)(x)[0]
 
 
-class HardSigmoid(StaticOp):
+class HardSigmoid(Function):
     """y = max(0, min(1, alpha * x + gamma))."""
 
     fn = staticmethod(lambda x, *, alpha, gamma: jnp.clip(alpha * x + gamma, 0, 1))
@@ -368,7 +225,7 @@ def _softmax(x, *, axis):
     return jax.nn.softmax(x, axis=tuple(range(axis % max(x.ndim, 1), x.ndim)))
 
 
-class SoftMax(StaticOp):
+class SoftMax(Function):
     """y = exp(x) / sum(exp(x)), the sum running over axes ``axis, ..., ndim-1`` jointly (SINGA
     views the input as a matrix ``(prod(shape[:axis]), prod(shape[axis:]))``)."""
 
@@ -383,7 +240,7 @@ def softmax(x: Tensor, axis: int = 1) -> Tensor:
     return SoftMax(axis)(x)[0]
 
 
-class Cast(StaticOp):
+class Cast(Function):
     """y = x converted to dtype ``to`` (a SINGA dtype code such as 0 = float32, 2 = int32, or any
     dtype). Float-to-float casts pass the gradient through; casts to integers carry none."""
 
@@ -440,13 +297,8 @@ def _matmul(x, w):
     return jnp.matmul(x, w)
 
 
-class Matmul(Function):
-    """y = x @ w (``np.matmul`` semantics: batched for >2-d inputs)."""
-
-    fn = staticmethod(_matmul)
-
-
-matmul = functional(Matmul, "matmul", ("x", "w"), "y = x @ w (see :class:`Matmul`).")
+Matmul, matmul = declare("Matmul", "matmul", ("x", "w"), _matmul,
+                         "y = x @ w (``np.matmul`` semantics: batched for >2-d inputs).")
 
 
 def _add_bias(x, b, *, axis):
@@ -461,7 +313,7 @@ def _add_bias(x, b, *, axis):
     return x + (b[None, :] if axis == 0 else b[:, None])
 
 
-class AddBias(StaticOp):
+class AddBias(Function):
     """y = x + b added to every row (axis=0: b has x.shape[1] elements) or every column
     (axis=1: b has x.shape[0] elements) of the matrix x."""
 
@@ -490,7 +342,7 @@ def _gemm(A, B, C=None, *, alpha, beta, transA, transB):
     return y if C is None else y + beta * C
 
 
-class Gemm(StaticOp):
+class Gemm(Function):
     """Y = alpha * A' @ B' + beta * C, where A' = A.T if transA else A (likewise B'); C is
     optional and broadcasts to (M, N)."""
 

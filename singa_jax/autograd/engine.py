@@ -9,8 +9,6 @@ gradients of a tensor used by several operators are summed, and every tensor wit
 """
 from __future__ import annotations
 
-import sys
-import weakref
 from collections import Counter, deque
 from functools import partial
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -18,23 +16,23 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from ..creator import Dummy, Node  # noqa: F401
+from ..modes import is_grad_enabled, is_training
 from ..tensor import Tensor
 
 __all__ = ["Operator", "Operation", "Dummy", "infer_dependency", "gradients", "backward",
            "is_training"]
 
 
-def is_training() -> bool:
-    """SINGA's module flag ``autograd.training`` (ops keep what backward needs only when True)."""
-    return bool(sys.modules["singa_jax.autograd"].training)
-
-
-class Operator:
+class Operator(Node):
     """Base of every differentiable operation.
 
     Subclasses implement ``forward(*arrays)`` returning an array or a tuple of arrays and
     ``backward(*dys)`` returning one gradient (or None) per input. Both work on ``jax.Array``s
-    (``Tensor.data``), never on Tensors.
+    (``Tensor.data``), never on Tensors. Calling the operator on Tensors (``_do_forward``, the
+    engine's only door into an op) records the graph and the inputs' device, then calls
+    ``forward`` on their arrays; an op needing more than its inputs declares it (see
+    :class:`~singa_jax.autograd.function.Function`).
     """
 
     op_count = 0
@@ -43,28 +41,24 @@ class Operator:
         if name is None:
             name = f"{type(self).__name__}#{Operator.op_count}"
             Operator.op_count += 1
-        self.name = name
+        super().__init__(name)
+        self.requires_grad = True  # until a call decides: a direct ``forward`` keeps its vjp
+        self.device = None
 
     def __call__(self, *xs: Tensor) -> Tuple[Tensor, ...]:
         return self._do_forward(*xs)
-
-    def output_name(self, idx: int) -> str:
-        return f"{self.name}:{idx}"
-
-    def grad_name(self, idx: int) -> str:
-        return f"{self.output_name(idx)}_g"
 
     def _do_forward(self, *xs: Tensor) -> Tuple[Tensor, ...]:
         for i, x in enumerate(xs):
             if not isinstance(x, Tensor):
                 raise TypeError(f"{type(self).__name__}: input {i} must be a Tensor, got "
                                 f"{type(x).__name__}")
-        self.requires_grad = any(x.requires_grad for x in xs)
+        self.requires_grad = any(x.requires_grad for x in xs) and is_grad_enabled()
         self.src = [(x.creator, id(x), x if x.stores_grad else None, x.stores_grad) for x in xs]
+        self.device = dev = xs[0].device if xs else None
         ys = self.forward(*(x.data for x in xs))
         if not isinstance(ys, tuple):
             ys = (ys,)
-        dev = xs[0].device if xs else None
         outs = tuple(Tensor(device=dev, data=y, requires_grad=self.requires_grad, creator=self,
                             name=self.output_name(i)) for i, y in enumerate(ys))
         self.y_id2idx = {id(y): i for i, y in enumerate(outs)}
@@ -82,42 +76,8 @@ class Operator:
     def backward(self, *dys):
         raise NotImplementedError
 
-    def get_params(self):
-        return []
-
-    def release(self) -> None:
-        """Drop what the graph holds once backward has passed this op (called by the engine)."""
-        self.src = []
-
 
 Operation = Operator  # SINGA 2.x name
-
-
-class Dummy(Operator):
-    """Creator of a leaf Tensor. Holds the tensor weakly, so a leaf and its Dummy form no cycle."""
-
-    def __init__(self, tensor: Tensor, name: Optional[str] = None):
-        self.name = name if name is not None else tensor.name
-        self.src = []
-        self.y_id2idx = {id(tensor): 0}
-        self._tensor = weakref.ref(tensor)
-        self.requires_grad = False
-
-    @property
-    def tensor(self) -> Optional[Tensor]:
-        return self._tensor()
-
-    def output_name(self, idx: int) -> str:
-        return self.name
-
-    def grad_name(self, idx: int) -> str:
-        return f"{self.name}_g"
-
-    def __getattr__(self, name: str):
-        t = self.__dict__["_tensor"]() if "_tensor" in self.__dict__ else None
-        if t is None:
-            raise AttributeError(name)
-        return getattr(t, name)
 
 
 def infer_dependency(op: Operator) -> Tuple[Counter, Counter]:

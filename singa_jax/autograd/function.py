@@ -1,26 +1,52 @@
-"""Operators defined by one pure JAX function.
+"""The operator kit: everything an op declaration needs, and nothing an op family owns.
 
-A :class:`Function` subclass names a pure function ``fn(*arrays, **static)``; its forward is
-``jax.jit(fn)`` and its backward is the pullback of ``jax.vjp(fn)``, both compiled once per
+A :class:`Function` is an Operator given by one pure JAX function ``fn(*arrays, **static)``. Its
+forward is ``jax.jit(fn)`` and its backward the pullback of ``jax.vjp(fn)``, both compiled once per
 (function, static arguments, input shapes/dtypes) and cached by JAX. In training mode the forward
 kernel returns the pullback's residuals with the output, so backward does not recompute forward.
-Override ``backward`` only where SINGA's gradient convention differs or a hand-written one is
-cheaper.
+Override ``backward`` only where SINGA's gradient convention differs.
+
+The one door for state. ``forward``/``backward`` see arrays and return arrays. An op that needs
+more DECLARES it, and :meth:`Function.forward` (here, once for every op) fetches and stores it:
+
+* ``reads()``  -> Tensors whose arrays the kernel takes after the inputs, without gradient
+  (BatchNorm's running statistics, RNN sequence lengths);
+* ``writes()`` -> Tensors the kernel rewrites: it returns one new array for each after its
+  outputs, and the kit rebinds ``t.data`` (so graph mode and the transactional step see every
+  write through ``Tensor.data``, the same door as every read);
+* ``needs_key()`` -> True when the kernel takes a fresh PRNG key last, drawn from the device of
+  the op's inputs (Dropout, RNN dropout).
+
+No op overrides the engine's ``_do_forward``, touches ``Tensor.data`` or rewrites its static
+arguments. Also here: the bases for ops with tensor-valued constructor arguments and for ops
+without gradient, the declaration helpers the op tables use, and SINGA's autograd helpers
+(``axis_helper``, ``back_broadcast``, ``ctensor2numpy``).
 """
 from __future__ import annotations
 
+import inspect
 from functools import partial
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .engine import Operator, fill_like, is_training
+from ..device import get_default_device
+from ..modes import is_training
+from ..tensor import Tensor
+from .engine import Operator, fill_like
 
-__all__ = ["Function", "make_function"]
+__all__ = ["Function", "TensorArgsOp", "NonDifferentiable", "make_function", "functional",
+           "declare", "as_tensor", "normalize_axis", "host_values", "CTensor", "axis_helper",
+           "back_broadcast", "ctensor2numpy"]
+
+CTensor = jax.Array  # SINGA's C++ tensor type; here the array behind every Tensor
 
 
+# --------------------------------------------------------------------------------------------
+# cached kernels
+# --------------------------------------------------------------------------------------------
 def _freeze(v: Any) -> Any:
     """A hashable version of a static argument (lists become tuples)."""
     if isinstance(v, (list, tuple)):
@@ -40,16 +66,26 @@ def _forward(fn: Callable, static: Tuple, *xs):
     return fn(*xs, **dict(static))
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2))
-def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], *xs):
-    """Forward plus the pullback w.r.t. the inputs marked differentiable in ``diff``."""
+def _split_state(out, n_state: int):
+    """(outputs, new state arrays) of a kernel that returns ``n_state`` state arrays last."""
+    if not n_state:
+        return out, ()
+    main = out[:-n_state]
+    return (main[0] if len(main) == 1 else tuple(main)), tuple(out[-n_state:])
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: int, *xs):
+    """Forward plus the pullback w.r.t. the inputs marked in ``diff``; returns
+    ``(outputs, pullback, new state arrays)``."""
     fixed = [x for d, x in zip(diff, xs) if not d]
 
     def f(*dxs):
         it_d, it_f = iter(dxs), iter(fixed)
-        return fn(*[next(it_d) if d else next(it_f) for d in diff], **dict(static))
+        out = fn(*[next(it_d) if d else next(it_f) for d in diff], **dict(static))
+        return _split_state(out, n_state)
 
-    return jax.vjp(f, *[x for d, x in zip(diff, xs) if d])
+    return jax.vjp(f, *[x for d, x in zip(diff, xs) if d], has_aux=True)
 
 
 @jax.jit
@@ -76,29 +112,56 @@ def _cotangent(dy, aval) -> Any:
     return dy
 
 
+# --------------------------------------------------------------------------------------------
+# Function: an Operator given by one pure function
+# --------------------------------------------------------------------------------------------
 class Function(Operator):
-    """An Operator given by the pure function ``fn``; ``static`` holds its non-array arguments."""
+    """An Operator given by the pure function ``fn``; ``static`` holds its non-array arguments,
+    readable as attributes (``op.axis``) as SINGA's operators expose them."""
 
-    fn: Callable = None  # pure: (*arrays, **static) -> array | tuple of arrays
+    fn: Callable = None  # pure: (*inputs, *reads, [key], **static) -> outputs (+ new state)
 
     def __init__(self, name: Optional[str] = None, **static):
         super().__init__(name)
         self.static = static
         self._vjp = None
 
+    def __getattr__(self, name: str) -> Any:
+        for store in ("static", "tensor_args"):
+            values = self.__dict__.get(store)
+            if values is not None and name in values:
+                return values[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    # --- what the op declares beyond its inputs (see the module docstring) --------------------
+    def reads(self) -> Tuple[Tensor, ...]:
+        return ()
+
+    def writes(self) -> Tuple[Tensor, ...]:
+        return ()
+
+    def needs_key(self) -> bool:
+        return False
+
+    # --- the door: fetch declared state, run the kernel, store declared state ----------------
     def forward(self, *xs):
-        static = _freeze(self.static)
-        fn = type(self).fn
+        extras = tuple(t.data for t in self.reads())
+        if self.needs_key():
+            extras += ((getattr(self, "device", None) or get_default_device()).next_key(),)
+        writes = self.writes()
+        static, fn, args = _freeze(self.static), type(self).fn, xs + extras
         try:
-            if is_training() and self.requires_grad:
-                diff = tuple(_differentiable(x) for x in xs)
-                ys, self._vjp = _forward_vjp(fn, static, diff, *xs)
-                self._diff = diff
-                self._out = (tuple(map(_aval, ys)) if isinstance(ys, tuple) else _aval(ys))
+            if self.requires_grad and is_training():
+                diff = tuple(map(_differentiable, xs)) + (False,) * len(extras)
+                ys, self._vjp, new_state = _forward_vjp(fn, static, diff, len(writes), *args)
+                self._diff = diff[:len(xs)]
+                self._out = tuple(map(_aval, ys)) if isinstance(ys, tuple) else _aval(ys)
             else:
-                ys = _forward(fn, static, *xs)
+                ys, new_state = _split_state(_forward(fn, static, *args), len(writes))
         except (TypeError, ValueError) as e:
-            raise _op_error(type(self).__name__, xs, self.static, e) from None
+            raise _op_error(type(self).__name__, args, self.static, e) from None
+        for t, value in zip(writes, new_state):
+            t.data = value
         return ys
 
     def backward(self, *dys):
@@ -126,7 +189,124 @@ def _op_error(op: str, xs, static: Dict, e: Exception) -> Exception:
     return cls(f"{op}: cannot apply to inputs [{shapes}]{extra}: {e}")
 
 
+class TensorArgsOp(Function):
+    """An op whose constructor takes array-valued arguments (SINGA's ``Where(condition)``,
+    ``Gather(axis, indices)``...). They are appended to the inputs as Tensors so that changing
+    their values never recompiles; integer ones get no gradient."""
+
+    tensor_arg_names: Tuple[str, ...] = ()
+
+    def __init__(self, tensor_args: Dict[str, Any], **static):
+        super().__init__(**static)
+        self.tensor_args = tensor_args
+
+    def __call__(self, *xs: Tensor) -> Tuple[Tensor, ...]:
+        if not xs or not isinstance(xs[0], Tensor):
+            return super().__call__(*xs)  # let the engine raise its TypeError
+        extra = tuple(as_tensor(self.tensor_args[n], xs[0].device) for n in self.tensor_arg_names)
+        return super().__call__(*xs, *extra)
+
+
+class NonDifferentiable:
+    """Mixin for ops whose outputs carry no gradient (comparisons, logic, indices, shapes).
+
+    ``requires_grad`` is pinned to False, so the forward keeps no backward state, the outputs do
+    not require grad and ``backward`` never walks into the op.
+    """
+
+    requires_grad = property(lambda self: False, lambda self, value: None)
+
+    def backward(self, *dys):
+        return (None,) * len(self.src)
+
+
+# --------------------------------------------------------------------------------------------
+# declaration helpers used by the op tables
+# --------------------------------------------------------------------------------------------
 def make_function(name: str, fn: Callable, doc: str = "") -> type:
-    """A Function subclass called ``name`` computing ``fn`` (used by the op tables)."""
+    """A Function subclass called ``name`` computing ``fn``."""
     return type(name, (Function,), {"fn": staticmethod(fn), "__doc__": doc or fn.__doc__,
                                     "__module__": "singa_jax.autograd"})
+
+
+def functional(op_cls: type, name: str, params: Sequence[str], doc: str = "") -> Callable:
+    """SINGA's functional form of a parameterless op: ``name(*params) == op_cls()(*params)[0]``
+    with the signature SINGA declares (``params``; ``"*l"`` means variadic)."""
+    sig = inspect.Signature([
+        inspect.Parameter(p.lstrip("*"), inspect.Parameter.VAR_POSITIONAL if p.startswith("*")
+                          else inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
+
+    variadic = any(p.startswith("*") for p in params)
+
+    def f(*args, **kwargs):
+        if kwargs or variadic or len(args) != len(params):  # the usual call skips the binding
+            try:
+                args = sig.bind(*args, **kwargs).args
+            except TypeError as e:
+                raise TypeError(f"{name}(): {e}") from None
+        return op_cls()(*args)[0]
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = doc or op_cls.__doc__
+    f.__signature__ = sig
+    f.__module__ = "singa_jax.autograd"
+    return f
+
+
+def declare(cls_name: str, func_name: str, params: Sequence[str], fn: Callable, doc: str,
+            differentiable: bool = True) -> Tuple[type, Callable]:
+    """One table row: the op class ``cls_name`` computing ``fn`` and its functional form
+    ``func_name(*params)``; bind both by name: ``Exp, exp = declare("Exp", "exp", ...)``."""
+    bases = (Function,) if differentiable else (NonDifferentiable, Function)
+    cls = type(cls_name, bases, {"fn": staticmethod(fn), "__doc__": doc,
+                                 "__module__": "singa_jax.autograd"})
+    return cls, functional(cls, func_name, params, doc)
+
+
+def as_tensor(value: Any, device) -> Tensor:
+    """``value`` (a Tensor, list or array: a host-side constant) as a Tensor that needs no grad."""
+    if isinstance(value, Tensor):
+        return value
+    arr = value if isinstance(value, jax.Array) else np.asarray(value)
+    return Tensor(data=arr, device=device, dtype=arr.dtype, requires_grad=False)
+
+
+def normalize_axis(axis: int, ndim: int) -> int:
+    """``axis`` in ``[0, ndim)`` (negative counts from the end); ValueError when out of range."""
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for a {ndim}-d input")
+    return axis % ndim
+
+
+def host_values(op: str, x: jax.Array) -> np.ndarray:
+    """The values of ``x`` on the host, for the few ops whose output SHAPE depends on them."""
+    if isinstance(x, jax.core.Tracer):
+        raise ValueError(f"{op}: the output shape depends on the input's values, so it cannot run "
+                         f"inside a compiled (graph-mode / jit) step")
+    return np.asarray(jax.device_get(x))
+
+
+# --------------------------------------------------------------------------------------------
+# SINGA's autograd helper functions
+# --------------------------------------------------------------------------------------------
+def axis_helper(y_shape: Sequence[int], x_shape: Sequence[int]) -> Tuple[int, ...]:
+    """The axes of ``y_shape`` along which an operand of shape ``x_shape`` was broadcast."""
+    axes = []
+    j = len(x_shape) - 1
+    for i in range(len(y_shape) - 1, -1, -1):
+        if j < 0 or x_shape[j] != y_shape[i]:
+            axes.append(i)
+        j -= 1
+    return tuple(reversed(axes))
+
+
+def back_broadcast(y_shape: Sequence[int], x_shape: Sequence[int], x: jax.Array) -> jax.Array:
+    """Sum a gradient of shape ``y_shape`` back to the shape ``x_shape`` it was broadcast from."""
+    if tuple(y_shape) == tuple(x_shape):
+        return x
+    return jnp.reshape(jnp.sum(x, axis=axis_helper(y_shape, x_shape)), tuple(x_shape))
+
+
+def ctensor2numpy(x: jax.Array) -> np.ndarray:
+    """A host (NumPy) copy of an array (SINGA's helper; for tests and host-side code only)."""
+    return np.asarray(x)

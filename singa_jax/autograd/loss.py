@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..checks import check_indices
 from ..tensor import Tensor
 from .function import Function
 
@@ -35,7 +36,8 @@ def _label_targets(t, batch: int) -> bool:
 
 
 def _picked(values, t):
-    """values[i, t[i]] for integer class indices t (any float t is truncated)."""
+    """values[i, t[i]] for integer class indices t (checked in range and integral before the
+    kernel runs, see ``_check_labels``)."""
     idx = t.reshape(-1).astype(jnp.int32)
     return jnp.take_along_axis(values, idx[:, None], axis=1)[:, 0]
 
@@ -86,6 +88,9 @@ def _ranking_kernel(pos, neg, *, M: float):
 def _check_class_scores(x, t):
     if x.ndim != 2:
         return f"x must be 2-D (batch, classes), got shape {tuple(x.shape)}"
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return (f"x of shape {tuple(x.shape)} is empty: a loss needs at least one example and "
+                f"one class")
     if t.ndim > 2:
         return f"t must be at most 2-D, got shape {tuple(t.shape)}"
     if not (_label_targets(t, x.shape[0]) or tuple(t.shape) == tuple(x.shape)):
@@ -99,7 +104,29 @@ def _check_same_shape(x, t):
         return f"input of shape {tuple(x.shape)} and target of shape {tuple(t.shape)} differ"
     if x.ndim == 0:
         return "input must have a batch axis, got a 0-d array"
+    if x.shape[0] == 0:
+        return f"input of shape {tuple(x.shape)} is an empty batch"
     return None
+
+
+# --- value checks of class-index targets: (op, x, t) -> None or raises / records ---------
+def _check_labels(op: str, x, t) -> None:
+    """Class-index targets must be integers in ``[0, classes)`` (eager: ValueError now; graph
+    mode: an error at the end of the step, see :mod:`singa_jax.checks`). A float label must be
+    an exact integer: SINGA would truncate 1.5 to class 1 silently."""
+    classes = x.shape[1]
+    check_indices(op, "class labels t", t, classes,
+                  f"x has shape {tuple(x.shape)}: {classes} classes", require_integers=True)
+
+
+def _softmax_cross_entropy_labels(x, t) -> None:
+    if _label_targets(t, x.shape[0]):  # else one-hot / distribution rows: any values
+        _check_labels("SoftMaxCrossEntropy", x, t)
+
+
+def _cross_entropy_labels(x, t) -> None:
+    if tuple(t.shape) != tuple(x.shape):
+        _check_labels("CrossEntropy", x, t)
 
 
 class _TargetLoss(Function):
@@ -110,6 +137,7 @@ class _TargetLoss(Function):
     """
 
     check: Callable = None  # (x, t) -> error message or None
+    check_values: Callable = None  # (x, t) -> None; raises / records bad target values
 
     def __init__(self, t: Any):
         super().__init__()
@@ -123,22 +151,27 @@ class _TargetLoss(Function):
         msg = type(self).check(x, t)
         if msg is not None:
             raise ValueError(f"{type(self).__name__}: {msg}")
+        if type(self).check_values is not None:
+            type(self).check_values(x, t)
         return super().forward(x, t)
 
     def backward(self, dy=1.0):
         return super().backward(dy)[0]
 
 
-def _make_loss(name: str, kernel: Callable, check: Callable) -> type:
+def _make_loss(name: str, kernel: Callable, check: Callable,
+               check_values: Callable = None) -> type:
     return type(name, (_TargetLoss,), {
         "fn": staticmethod(kernel), "check": staticmethod(check),
+        "check_values": None if check_values is None else staticmethod(check_values),
         "__doc__": kernel.__doc__, "__module__": __name__})
 
 
-# name -> (kernel, shape check); each entry becomes an Operator class ``name(t)``.
+# name -> (kernel, shape check[, value check]); each entry becomes an Operator class ``name(t)``.
 _LOSSES = {
-    "SoftMaxCrossEntropy": (_softmax_cross_entropy_kernel, _check_class_scores),
-    "CrossEntropy": (_cross_entropy_kernel, _check_class_scores),
+    "SoftMaxCrossEntropy": (_softmax_cross_entropy_kernel, _check_class_scores,
+                            _softmax_cross_entropy_labels),
+    "CrossEntropy": (_cross_entropy_kernel, _check_class_scores, _cross_entropy_labels),
     "BinaryCrossEntropy": (_binary_cross_entropy_kernel, _check_same_shape),
     "MeanSquareError": (_mse_kernel, _check_same_shape),
 }

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..device import get_default_device
+from ..checks import check_indices
 from ..tensor import Tensor
-from .engine import is_training
+from ..modes import is_training
 from .function import Function
 
 __all__ = [
@@ -437,13 +437,18 @@ def _rnn_params(w, layout, pseudo: int, gates: int, hidden: int, in_size: int, b
 
 
 def _rnn_direction(mode, x, valid, h0, c0, W, R, bW, bR):
-    """Scan one direction over time; steps where ``valid`` is False keep the state and emit 0."""
+    """Scan one direction of cuDNN's cell over ``x`` (seq, batch, in) with ``W`` (G*H, in),
+    ``R`` (G*H, H); returns (ys, h_T, c_T). Steps where ``valid`` (seq, batch) is False keep the
+    state and emit 0; ``valid=None`` means every step is valid (no masking is computed). The
+    one scan kernel of the recurrent layers: ``layer.RNN``/``layer.LSTM`` call it too."""
     x_proj = jnp.einsum("tbi,gi->tbg", x, W) + bW  # all input projections at once
 
     def step(carry, inputs):
         h, c = carry
         xp, ok = inputs
         h_new, c_new = _rnn_cell(mode, xp, h, c, R, bR)
+        if ok is None:
+            return (h_new, c_new), h_new
         ok = ok[:, None]
         return (jnp.where(ok, h_new, h), jnp.where(ok, c_new, c)), jnp.where(ok, h_new, 0.0)
 
@@ -505,33 +510,6 @@ def _rnn_op_kernel(x, hx, cx, w, *extras, has_lengths: bool, has_key: bool,
 # ================================================================================================
 # Operators
 # ================================================================================================
-class _KernelWithExtras(Function):
-    """A Function whose kernel also takes arrays that are not inputs of the op (a PRNG key,
-    running statistics, sequence lengths): ``extras()`` supplies them, and their gradients are
-    dropped so backward returns one gradient per Tensor input. Records the input's device so a
-    key can be drawn from ``device.next_key()`` (forward itself only sees arrays)."""
-
-    def _do_forward(self, *xs: Tensor):
-        self.device = xs[0].device if xs else None
-        return super()._do_forward(*xs)
-
-    def extras(self, xs) -> tuple:
-        return ()
-
-    def _device_key(self) -> jax.Array:
-        """A fresh key from the input's device (the default device when forward was called on
-        bare arrays)."""
-        dev = getattr(self, "device", None) or get_default_device()
-        return dev.next_key()
-
-    def forward(self, *xs):
-        self._n_inputs = len(xs)
-        return super().forward(*xs, *self.extras(xs))
-
-    def backward(self, *dys):
-        return tuple(super().backward(*dys))[:self._n_inputs]
-
-
 def _check(cond: bool, op: str, msg: str) -> None:
     if not cond:
         raise ValueError(f"{op}: {msg}")
@@ -625,12 +603,13 @@ def pooling_2d(handle: PoolingHandle, x: Tensor,
     return _Pooling2d(handle, odd_padding)(x)[0]
 
 
-class _BatchNorm2d(_KernelWithExtras):
+class _BatchNorm2d(Function):
     """Batch normalisation over (N, C, H, W) or (N, C) input.
 
-    In training mode (``autograd.training``) it normalises with the batch statistics and
-    rebinds ``running_mean.data``/``running_var.data`` with SINGA's momentum update; otherwise it
-    normalises with the running statistics and leaves them alone.
+    In training mode (``autograd.training`` when the op is made) it normalises with the batch
+    statistics and rewrites ``running_mean``/``running_var`` with SINGA's momentum update
+    (declared ``writes``); otherwise it normalises with the running statistics (declared
+    ``reads`` only) and leaves them alone.
     """
 
     fn = staticmethod(_batchnorm_kernel)
@@ -644,13 +623,17 @@ class _BatchNorm2d(_KernelWithExtras):
             if not isinstance(t, Tensor):
                 raise TypeError(f"_BatchNorm2d: {what} must be a Tensor (it is updated in place), "
                                 f"got {type(t).__name__}")
-        super().__init__(name, momentum=handle.factor, epsilon=handle.epsilon, training=False)
+        super().__init__(name, momentum=handle.factor, epsilon=handle.epsilon,
+                         training=is_training())
         self.handle = handle
         self.running_mean = running_mean
         self.running_var = running_var
 
-    def extras(self, xs) -> tuple:
-        return (self.running_mean.data, self.running_var.data)
+    def reads(self) -> Tuple[Tensor, ...]:
+        return (self.running_mean, self.running_var)
+
+    def writes(self) -> Tuple[Tensor, ...]:
+        return (self.running_mean, self.running_var) if self.static["training"] else ()
 
     def forward(self, x, scale, bias):
         op, c = "_BatchNorm2d", x.shape[1] if x.ndim > 1 else None
@@ -661,16 +644,7 @@ class _BatchNorm2d(_KernelWithExtras):
                             ("running_var", self.running_var.shape)):
             _check(tuple(shape) == (c,), op, f"{what} of shape {tuple(shape)} does not match "
                                              f"the {c} channels of x of shape {tuple(x.shape)}")
-        training = is_training()
-        self.static["training"] = training
-        out = super().forward(x, scale, bias)
-        if not training:
-            return out
-        y, self.running_mean.data, self.running_var.data = out
-        return y
-
-    def backward(self, dy):
-        return super().backward(dy, None, None)
+        return super().forward(x, scale, bias)
 
 
 def batchnorm_2d(handle: BatchNormHandle, x: Tensor, scale: Tensor, bias: Tensor,
@@ -703,10 +677,11 @@ def globalaveragepool(x: Tensor, data_format: str = "channels_first") -> Tensor:
     return GlobalAveragePool(data_format)(x)[0]
 
 
-class Dropout(_KernelWithExtras):
+class Dropout(Function):
     """Inverted dropout: in training, y = x * mask / (1 - ratio) with mask ~ Bernoulli(1 - ratio)
-    drawn from the input device's PRNG key (so ``device.SetRandSeed`` makes it reproducible and
-    graph mode threads it); identity when not training. Backward uses the same mask.
+    drawn from the input device's PRNG key (a declared side input, so ``device.SetRandSeed``
+    makes it reproducible and graph mode threads it); identity when not training (decided when
+    the op is made). Backward uses the same mask.
 
     ``seed`` is accepted for SINGA's signature; SINGA reseeds the whole device with it on the
     first forward, here randomness comes only from the device key.
@@ -720,16 +695,13 @@ class Dropout(_KernelWithExtras):
         super().__init__(ratio=float(ratio))
         self.seed = int(seed)
         self.ratio = float(ratio)
-        self._identity = False
+        self._identity = not is_training() or self.ratio == 0.0
 
-    def extras(self, xs) -> tuple:
-        return (self._device_key(),)
+    def needs_key(self) -> bool:
+        return True
 
     def forward(self, x):
-        self._identity = not is_training() or self.ratio == 0.0
-        if self._identity:
-            return x
-        return super().forward(x)
+        return x if self._identity else super().forward(x)
 
     def backward(self, dy):
         return dy if self._identity else super().backward(dy)
@@ -750,6 +722,10 @@ class Embedding(Function):
                                          f"{tuple(w.shape)} (indices x of shape {tuple(x.shape)})")
         _check(jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.floating),
                "Embedding", f"indices x must be an int or float array, got {x.dtype}")
+        # an index past the table would read NaN rows (JAX fills out-of-bounds gathers), and a
+        # negative one would wrap around: reject both (graph mode: at the end of the step)
+        check_indices("Embedding", "indices x", x, w.shape[0],
+                      f"vocabulary of w with shape {tuple(w.shape)}")
         return super().forward(x, w)
 
 
@@ -777,7 +753,7 @@ def cossim(a: Tensor, b: Tensor) -> Tensor:
     return CosSim()(a, b)[0]
 
 
-class _RNN(_KernelWithExtras):
+class _RNN(Function):
     """SINGA's cuDNN RNN operator, as a portable ``lax.scan`` kernel.
 
     Inputs: x (seq, batch, feature), hx and cx (layers*dirs, batch, hidden; cx is ignored unless
@@ -799,17 +775,17 @@ class _RNN(_KernelWithExtras):
                          num_layers=handle.num_layers, bidirectional=handle.bidirectional,
                          bias=handle.bias, dropout=handle.dropout,
                          return_sequences=bool(return_sequences), has_lengths=bool(use_mask),
-                         has_key=False)
+                         has_key=is_training() and handle.dropout > 0.0 and handle.num_layers > 1)
         self.handle = handle
         self.return_sequences = bool(return_sequences)
         self.use_mask = bool(use_mask)
         self.seq_lengths = seq_lengths
 
-    def extras(self, xs) -> tuple:
-        extra = (self.seq_lengths.data,) if self.use_mask else ()
-        if self.static["has_key"]:
-            extra += (self._device_key(),)
-        return extra
+    def reads(self) -> Tuple[Tensor, ...]:
+        return (self.seq_lengths,) if self.use_mask else ()
+
+    def needs_key(self) -> bool:
+        return self.static["has_key"]
 
     def forward(self, x, hx, cx, w):
         h, op = self.handle, "_RNN"
@@ -826,6 +802,5 @@ class _RNN(_KernelWithExtras):
                    f"seq_lengths of shape {tuple(self.seq_lengths.shape)} does not match batch "
                    f"{x.shape[1]}")
         h.seq_length, h.batch_size = x.shape[0], x.shape[1]
-        self.static["has_key"] = (is_training() and h.dropout > 0.0 and h.num_layers > 1)
         return super().forward(x, hx, cx, w)
 

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import jax.numpy as jnp
 
 from ..tensor import Tensor
-from .elementwise import StaticOp, declare_ops, normalize_axis
+from .function import Function, declare, normalize_axis
 
 __all__ = ["Sum", "sum", "Mean", "mean", "Max", "max", "Min", "min", "add_all",
            "ReduceSum", "reduce_sum", "ReduceMean", "reduce_mean"]
@@ -35,16 +35,13 @@ def _mean(*xs):
     return _sum(*xs) / len(xs)
 
 
-_VARIADIC = [
-    # (class, function, SINGA's parameters, pure function, differentiable, doc)
-    ("Sum", "sum", ("*l",), _sum, True, "y = l[0] + l[1] + ... (broadcasting)."),
-    ("Mean", "mean", ("*l",), _mean, True, "y = (l[0] + l[1] + ...) / len(l) (broadcasting)."),
-    ("Max", "max", ("*l",), _fold(lambda a, b: jnp.where(a >= b, a, b)), True,
-     "y = elementwise maximum of the inputs (broadcasting); ties go to the earlier input."),
-    ("Min", "min", ("*l",), _fold(lambda a, b: jnp.where(a <= b, a, b)), True,
-     "y = elementwise minimum of the inputs (broadcasting); ties go to the earlier input."),
-]
-declare_ops(_VARIADIC, globals())
+Sum, sum = declare("Sum", "sum", ("*l",), _sum, "y = l[0] + l[1] + ... (broadcasting).")
+Mean, mean = declare("Mean", "mean", ("*l",), _mean,
+                     "y = (l[0] + l[1] + ...) / len(l) (broadcasting).")
+Max, max = declare("Max", "max", ("*l",), _fold(lambda a, b: jnp.where(a >= b, a, b)),
+                   "y = elementwise maximum of the inputs (broadcasting); ties go to the earlier input.")
+Min, min = declare("Min", "min", ("*l",), _fold(lambda a, b: jnp.where(a <= b, a, b)),
+                   "y = elementwise minimum of the inputs (broadcasting); ties go to the earlier input.")
 
 
 def add_all(*xs: Tensor) -> Tensor:
@@ -60,7 +57,7 @@ def _reduce(reducer):
     return fn
 
 
-class _AxesReduction(StaticOp):
+class _AxesReduction(Function):
     def __init__(self, axes: Optional[Sequence[int]] = None, keepdims: int = 1):
         super().__init__(axes=None if axes is None else tuple(int(a) for a in axes),
                          keepdims=int(keepdims))

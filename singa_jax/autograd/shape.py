@@ -18,9 +18,8 @@ import jax.numpy as jnp
 
 from ..tensor import Tensor
 from .engine import Operator
-from .elementwise import (NonDifferentiable, StaticOp, TensorArgsOp, functional, host_values,
-                          normalize_axis)
-from .function import Function
+from .function import (Function, NonDifferentiable, TensorArgsOp, functional, host_values,
+                       normalize_axis)
 
 __all__ = [
     "Reshape", "reshape", "Flatten", "flatten", "Transpose", "transpose", "Unsqueeze",
@@ -54,7 +53,7 @@ def _reshape(x, *, shape):
     return jnp.reshape(x, [x.size // known if s == -1 else s for s in target])
 
 
-class Reshape(StaticOp):
+class Reshape(Function):
     """y = x reshaped to ``shape``; a 0 keeps that input dimension, one -1 is inferred."""
 
     fn = staticmethod(_reshape)
@@ -74,7 +73,7 @@ def _flatten(x, *, axis):
     return jnp.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
 
 
-class Flatten(StaticOp):
+class Flatten(Function):
     """y = x as the matrix (d_0 * ... * d_(axis-1), d_axis * ... * d_n); axis=0 gives (1, N)."""
 
     fn = staticmethod(_flatten)
@@ -94,7 +93,7 @@ def _transpose(x, *, perm):
     return jnp.transpose(x, perm)
 
 
-class Transpose(StaticOp):
+class Transpose(Function):
     """y = x with its axes permuted by ``perm`` (None reverses them), as ``np.transpose``."""
 
     fn = staticmethod(_transpose)
@@ -108,7 +107,7 @@ def transpose(x: Tensor, shape: Optional[Sequence[int]]) -> Tensor:
     return Transpose(shape)(x)[0]
 
 
-class Unsqueeze(StaticOp):
+class Unsqueeze(Function):
     """y = x with size-1 dimensions inserted at ``axis`` (an int or a list; negative axes count
     from the end of the OUTPUT, as ``np.expand_dims``)."""
 
@@ -130,7 +129,7 @@ def _squeeze(x, *, axis):
     return jnp.squeeze(x, axis or None)
 
 
-class Squeeze(StaticOp):
+class Squeeze(Function):
     """y = x without the size-1 dimensions listed in ``axis`` (all of them when empty)."""
 
     fn = staticmethod(_squeeze)
@@ -160,7 +159,7 @@ def _concat(*xs, axis):
     return jnp.concatenate(xs, axis=ax)
 
 
-class Concat(StaticOp):
+class Concat(Function):
     """y = the inputs joined along ``axis`` (all other dimensions must agree)."""
 
     fn = staticmethod(_concat)
@@ -184,7 +183,7 @@ def _split(x, *, axis, parts, num_output):
     return tuple(jax.lax.slice_in_dim(x, s, s + n, axis=ax) for s, n in zip(starts, parts))
 
 
-class Split(StaticOp):
+class Split(Function):
     """ys = x cut along ``axis`` into pieces of the lengths ``parts`` (or into ``num_output``
     equal pieces when ``parts`` is None). Has one output per piece."""
 
@@ -218,7 +217,7 @@ def _slice(x, *, starts, ends, axes, steps):
     return x[tuple(index)]
 
 
-class Slice(StaticOp):
+class Slice(Function):
     """y = x[start:end:step] along each of ``axes`` (all axes in order when None)."""
 
     fn = staticmethod(_slice)
@@ -292,7 +291,7 @@ def _onehot(indices, *, axis, depth, values):
     return hot * (on - off) + off
 
 
-class OneHot(NonDifferentiable, StaticOp):
+class OneHot(NonDifferentiable, Function):
     """y = ``values[1]`` at each index (taken modulo ``depth``) and ``values[0]`` elsewhere, along
     a new axis of length ``depth`` inserted at ``axis``; float32, no gradient."""
 
@@ -317,7 +316,7 @@ def _tile(x, *, repeats):
     return jnp.tile(x, repeats)
 
 
-class Tile(StaticOp):
+class Tile(Function):
     """y = x repeated ``repeats[i]`` times along axis i (as ``np.tile``; a ``repeats`` shorter
     than x's rank applies to the leading axes, a longer one adds leading axes)."""
 
@@ -336,7 +335,7 @@ def _expand(x, *, shape):
     return jnp.broadcast_to(x, jnp.broadcast_shapes(x.shape, shape))
 
 
-class Expand(StaticOp):
+class Expand(Function):
     """y = x broadcast with ``shape`` (ONNX Expand: bidirectional NumPy broadcasting)."""
 
     fn = staticmethod(_expand)
@@ -364,7 +363,7 @@ def _pad(x, *, mode, pads, constant):
     return jnp.pad(x, width, mode=mode)
 
 
-class Pad(StaticOp):
+class Pad(Function):
     """y = x padded by ``pads`` = [begin_0, begin_1, ..., end_0, end_1, ...] (ONNX order) with
     ``mode`` "constant" (value ``constant``), "reflect" (mirror, edge excluded) or "edge"."""
 
@@ -390,7 +389,7 @@ def _upsample(x, *, scales):
     return x
 
 
-class UpSample(StaticOp):
+class UpSample(Function):
     """y = x with every element repeated ``int(scales[i])`` times along axis i (nearest)."""
 
     fn = staticmethod(_upsample)
@@ -434,7 +433,7 @@ def _space_to_depth(x, *, blocksize, mode):
     return y.reshape(b, c * blocksize ** 2, hb, wb)
 
 
-class _BlockRearrange(StaticOp):
+class _BlockRearrange(Function):
     def __init__(self, blocksize: int, mode: str = "DCR"):
         if mode.upper() not in _D2S_PERM:
             raise ValueError(f"{type(self).__name__}: mode must be 'DCR' or 'CRD', got {mode!r}")

@@ -4,10 +4,21 @@
 are grouped by family in :mod:`.core` (dense and parameter-free), :mod:`.conv` (convolution,
 batch-norm, pooling) and :mod:`.rnn` (recurrent).
 """
-from .base import Layer, LayerMeta  # noqa: F401
-from .core import *  # noqa: F401,F403
-from .conv import *  # noqa: F401,F403
-from .rnn import *  # noqa: F401,F403
-from . import core as _core, conv as _conv, rnn as _rnn
+from .base import Layer, LayerMeta
+from .core import (Linear, Gemm, Embedding, ReLU, Sigmoid, Add, Flatten, SoftMaxCrossEntropy,
+                   SoftMax, MeanSquareError, CrossEntropy, BinaryCrossEntropy, Dropout, Cat,
+                   Reshape)
+from .conv import (Conv2d, SeparableConv2d, BatchNorm2d, Pooling2d, MaxPool2d, AvgPool2d,
+                   MaxPool1d, AvgPool1d)
+from .rnn import RNN_Base, RNN, LSTM, CudnnRNN
 
-__all__ = ["Layer", "LayerMeta"] + _core.__all__ + _conv.__all__ + _rnn.__all__
+__all__ = ["Layer", "LayerMeta",
+           # core
+           "Linear", "Gemm", "Embedding", "ReLU", "Sigmoid", "Add", "Flatten",
+           "SoftMaxCrossEntropy", "SoftMax", "MeanSquareError", "CrossEntropy",
+           "BinaryCrossEntropy", "Dropout", "Cat", "Reshape",
+           # conv
+           "Conv2d", "SeparableConv2d", "BatchNorm2d", "Pooling2d", "MaxPool2d", "AvgPool2d",
+           "MaxPool1d", "AvgPool1d",
+           # rnn
+           "RNN_Base", "RNN", "LSTM", "CudnnRNN"]

@@ -13,9 +13,15 @@ parameter/state access.
   ``_state_attrs``. ``get_params`` / ``get_states`` return ``{name: Tensor}`` for the layer and all
   initialised sublayers; ``set_params`` / ``set_states`` accept Tensors or arrays and check every
   name and shape before changing anything.
+* **Structure versions.** Every layer counts the attribute assignments made on it and on every
+  layer below it (``structure_version``): an assignment bumps the layer's own counter and those
+  of all its parents, transitively, through weak parent links set when a layer is registered.
+  A Model caches its list of state Tensors against its own counter, so one int compare tells it
+  whether anything in its tree changed, and assignments in unrelated models do not disturb it.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from functools import wraps
 from typing import Any, Dict, Iterable, Optional, Tuple
@@ -25,16 +31,32 @@ import numpy as np
 
 from ..tensor import Tensor
 
-__all__ = ["LayerMeta", "Layer", "move_to_device"]
+__all__ = ["LayerMeta", "Layer", "move_to_device", "positive_int"]
+
+# Float dtypes a layer's parameters may follow (SINGA's dtype_check casts parameters to the
+# input's dtype: its mixed-precision training feeds float16 batches to a model).
+_MIXED_PRECISION = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
-def _first_tensor(args: Tuple[Any, ...]) -> Optional[Tensor]:
-    """The first Tensor among the layer inputs (SINGA allows a list of Tensors as first input)."""
+def positive_int(owner: str, what: str, value: Any) -> int:
+    """``value`` as an int >= 1, or a TypeError/ValueError naming ``owner`` and ``what``
+    (layer sizes: ``Linear(0)`` or ``Conv2d(kernel_size=0)`` would build empty weights)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{owner}: {what} must be a positive int, got {type(value).__name__} "
+                        f"{value!r}")
+    if value < 1:
+        raise ValueError(f"{owner}: {what} must be a positive int, got {value}")
+    return int(value)
+
+
+def _first_tensor_in(args: Iterable[Any]) -> Optional[Tensor]:
+    """The first Tensor among ``args``, searched depth-first into lists and tuples (SINGA's layers
+    also take a list of Tensors, e.g. an RNN's sequence), or None if there is none."""
     for a in args:
         if isinstance(a, Tensor):
             return a
         if isinstance(a, (list, tuple)):
-            found = _first_tensor(tuple(a))
+            found = _first_tensor_in(a)
             if found is not None:
                 return found
     return None
@@ -52,7 +74,7 @@ class LayerMeta(type):
         def wrapper(self, *args, **kwargs):
             if len(args) == 0:
                 return None
-            x = _first_tensor(args)
+            x = _first_tensor_in(args)
             if x is None:  # no Tensor input: nothing to take a device from
                 func(self, *args, **kwargs)
                 self._initialized = True
@@ -75,6 +97,7 @@ class LayerMeta(type):
 
         @wraps(func)
         def wrapper(self, *args, **kwargs):
+            _check_batch(self, _first_tensor_in(args))
             if not self.__dict__.get("_initialized", False):
                 self.initialize(*args, **kwargs)
                 self._initialized = True
@@ -88,6 +111,19 @@ class LayerMeta(type):
         if "forward" in attrs:
             attrs["forward"] = LayerMeta.forward_wrapper(attrs["forward"])
         return super().__new__(mcs, name, bases, attrs)
+
+
+def _check_batch(layer: "Layer", x: Optional[Tensor]) -> None:
+    """A layer's (first) input must be a non-empty batch: a 0-d input has no batch axis, and an
+    empty one would build empty parameters or write NaN statistics (BatchNorm)."""
+    if x is None:
+        return
+    if x.ndim() == 0:
+        raise ValueError(f"{layer._describe()}: expected a batch (an input with at least one "
+                         f"axis), got a 0-d input of dtype {x.dtype}")
+    if 0 in x.shape:
+        raise ValueError(f"{layer._describe()}: got an empty input of shape {x.shape}; a batch "
+                         f"needs at least one example and no zero-sized axis")
 
 
 def move_to_device(*inputs: Tensor) -> None:
@@ -142,8 +178,14 @@ class Layer(object, metaclass=LayerMeta):
     _param_attrs: Tuple[str, ...] = ()  # attributes holding trainable Tensors
     _state_attrs: Tuple[str, ...] = ()  # attributes holding non-trainable state Tensors
 
+    # Per object (an instance's own entry shadows this 0 once bumped); see structure_version.
+    _structure_version: int = 0
+
     def __init__(self):
         self.__dict__.setdefault("_layers", dict())
+        # {id(parent): weak reference}: every layer this one is registered in (a layer may be
+        # shared); they only carry structure-version bumps upwards, so they are weak
+        self.__dict__.setdefault("_parents", dict())
         self.name = None
         self._initialized = False
         self._parent = None
@@ -200,11 +242,24 @@ class Layer(object, metaclass=LayerMeta):
         move_to_device(*inputs)
 
     def dtype_check(self, *inputs: Tensor) -> None:
-        """Cast every Tensor to the dtype of the first input (in place)."""
+        """SINGA's rule: cast every Tensor (the parameters) to the dtype of the first input, in
+        place -- here only among float16, bfloat16 and float32, the dtypes of SINGA's
+        mixed-precision training. Any other mismatch (an integer batch, float64) is a TypeError
+        naming the layer and the dtypes; parameters are never cast to an integer dtype."""
         x_dtype = inputs[0].dtype
-        for t in inputs[1:]:
-            if t is not None and t.dtype != x_dtype:
-                t.data = t.data.astype(x_dtype)
+        others = [t for t in inputs[1:] if t is not None and t.dtype != x_dtype]
+        if not others:
+            return
+        if x_dtype not in _MIXED_PRECISION or any(t.dtype not in _MIXED_PRECISION
+                                                  for t in others):
+            params = ", ".join(sorted({str(t.dtype) for t in others}))
+            raise TypeError(f"{self._describe()}: input of dtype {x_dtype} does not match its "
+                            f"parameters ({params}); feed a floating-point batch of the "
+                            f"parameters' dtype (e.g. x.as_type(tensor.float32)). Parameters "
+                            f"follow the input only among float16, bfloat16 and float32 "
+                            f"(mixed precision)")
+        for t in others:
+            t.data = t.data.astype(x_dtype)
 
     # --- naming and sublayers --------------------------------------------------------------
     def _describe(self) -> str:
@@ -223,13 +278,54 @@ class Layer(object, metaclass=LayerMeta):
             return layers[name]
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
-    # Bumped by every attribute assignment on any layer: graph mode caches a model's list of
-    # state tensors and walks the layer tree again only when this has changed (a compiled step
-    # runs no layer code, so in steady state it never changes).
-    structure_version = 0
+    # --- structure versions --------------------------------------------------------------------
+    @property
+    def structure_version(self) -> int:
+        """A counter that changes whenever an attribute of this layer or of any layer in its
+        subtree is assigned or deleted (a sublayer added, a parameter replaced, a layer
+        initialised). Graph mode re-collects a model's state tensors only when it has changed;
+        a compiled step runs no layer code, so in steady state it never does."""
+        return self._structure_version
 
+    def _bump_structure_version(self) -> None:
+        """Count a change here and in every layer above (all parents, transitively)."""
+        pending, seen = [self], set()
+        while pending:
+            layer = pending.pop()
+            if id(layer) in seen:  # a layer reached through two parents is counted once
+                continue
+            seen.add(id(layer))
+            state = layer.__dict__
+            state["_structure_version"] = state.get("_structure_version", 0) + 1
+            for parent_ref in state.get("_parents", {}).values():
+                parent = parent_ref()
+                if parent is not None:
+                    pending.append(parent)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # the weak parent links are left out: a copy would point at the original's parents, and
+        # pickle rejects them; __setstate__ relinks every restored layer to its sublayers
+        state = dict(self.__dict__)
+        state.pop("_parents", None)
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """Restore a copied or unpickled layer: its sublayers (copied along) get their parent
+        link to this copy; its own parents relink it when they are restored."""
+        self.__dict__.update(state)
+        self.__dict__["_parents"] = dict()
+        for sublayer in self.__dict__.get("_layers", {}).values():
+            sublayer._link_parent(self)
+
+    def _link_parent(self, parent: "Layer") -> None:
+        self.__dict__.setdefault("_parents", dict())[id(parent)] = weakref.ref(parent)
+
+    def _unlink_parent(self, parent: "Layer") -> None:
+        self.__dict__.get("_parents", {}).pop(id(parent), None)
+
+    # --- attribute assignment --------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
-        Layer.structure_version += 1
+        self._bump_structure_version()
         layers = self.__dict__.setdefault("_layers", dict())
         if isinstance(value, Layer):
             self.__dict__.pop(name, None)
@@ -249,8 +345,13 @@ class Layer(object, metaclass=LayerMeta):
 
     def _add_sublayer(self, name: str, layer: "Layer") -> None:
         """Register ``layer`` under ``name`` and name it ``<this layer's name>.<name>``."""
+        replaced = self._layers.get(name)
+        if replaced is not None and replaced is not layer:
+            replaced._unlink_parent(self)
         self._layers[name] = layer
         layer.__dict__["_parent"] = self
+        layer._link_parent(self)
+        self._bump_structure_version()
         layer.name = self._get_name_prefix() + name
 
     def _name_tensor(self, attr: str, t: Tensor) -> None:
@@ -259,9 +360,10 @@ class Layer(object, metaclass=LayerMeta):
 
     def __delattr__(self, name: str) -> None:
         if name in self._layers:
-            del self._layers[name]
+            self._layers.pop(name)._unlink_parent(self)
         else:
             object.__delattr__(self, name)
+        self._bump_structure_version()
 
     def register_layers(self, *args) -> None:
         """Register sublayers: a dict ``{name: layer}`` (kept in order) or layers as arguments,

@@ -17,7 +17,7 @@ from .. import initializer as init
 from .. import utils
 from ..device import Device
 from ..tensor import Tensor
-from .base import Layer
+from .base import Layer, positive_int
 
 __all__ = ["Conv2d", "SeparableConv2d", "BatchNorm2d", "Pooling2d", "MaxPool2d", "AvgPool2d",
            "MaxPool1d", "AvgPool1d"]
@@ -25,12 +25,17 @@ __all__ = ["Conv2d", "SeparableConv2d", "BatchNorm2d", "Pooling2d", "MaxPool2d",
 _PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 
-def _pair(layer: str, what: str, value: Any) -> Tuple[int, int]:
+def _pair(layer: str, what: str, value: Any, minimum: Optional[int] = None) -> Tuple[int, int]:
+    """``value`` (an int or a pair) as a pair of ints, each at least ``minimum`` when given."""
     if isinstance(value, int):
-        return (value, value)
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        return (int(value[0]), int(value[1]))
-    raise TypeError(f"{layer}: {what} must be an int or a pair of ints, got {value!r}")
+        pair = (value, value)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise TypeError(f"{layer}: {what} must be an int or a pair of ints, got {value!r}")
+    if minimum is not None and min(pair) < minimum:
+        raise ValueError(f"{layer}: {what} must be >= {minimum}, got {value!r}")
+    return pair
 
 
 def split_padding(layer: str, padding: Any) -> Tuple[Tuple[int, int], Tuple[int, int, int, int]]:
@@ -80,9 +85,12 @@ class _Windowed(Layer):
         layer = type(self).__name__
         if pad_mode not in _PAD_MODES:
             raise ValueError(f"{layer}: pad_mode must be one of {_PAD_MODES}, got {pad_mode!r}")
-        self.kernel_size = _pair(layer, "kernel_size", kernel_size)
-        self.stride = self.kernel_size if stride is None else _pair(layer, "stride", stride)
+        self.kernel_size = _pair(layer, "kernel_size", kernel_size, minimum=1)
+        self.stride = (self.kernel_size if stride is None
+                       else _pair(layer, "stride", stride, minimum=1))
         self.padding, self.odd_padding = split_padding(layer, padding)
+        if min(self.padding + self.odd_padding) < 0:
+            raise ValueError(f"{layer}: padding must be >= 0, got {padding!r}")
         self.pad_mode = pad_mode
 
     def _check_4d(self, x: Tensor, channels: Optional[int]) -> None:
@@ -100,8 +108,25 @@ class _Windowed(Layer):
                                                           self.kernel_size, self.stride)
         elif self.pad_mode == "VALID":
             self.padding, self.odd_padding = (0, 0), (0, 0, 0, 0)
+        self._check_window_fits(x)
         self.handle = self._make_handle(x)
         self._handle_shape = x.shape
+
+    def _check_window_fits(self, x: Tensor) -> None:
+        """The (dilated) kernel must fit in the padded input, or the output would be empty."""
+        dilation = getattr(self, "dilation", (1, 1))
+        top, bottom, left, right = self.odd_padding
+        for axis, size, k, d, pad, odd in ((2, x.shape[2], self.kernel_size[0], dilation[0],
+                                             self.padding[0], top + bottom),
+                                            (3, x.shape[3], self.kernel_size[1], dilation[1],
+                                             self.padding[1], left + right)):
+            window, padded = d * (k - 1) + 1, size + 2 * pad + odd
+            if window > padded:
+                dilated = f" (dilation {dilation})" if hasattr(self, "dilation") else ""
+                raise ValueError(f"{self._describe()}: kernel_size {self.kernel_size}{dilated} "
+                                 f"spans {window} along axis {axis}, more "
+                                 f"than the padded input's {padded} (input shape {x.shape}, "
+                                 f"padding {self.padding}, odd_padding {self.odd_padding})")
 
     def _make_handle(self, x: Tensor):
         raise NotImplementedError
@@ -124,9 +149,9 @@ class Conv2d(_Windowed):
         super().__init__()
         self.in_channels, nb_kernels, kernel_size, stride, padding = _older_form(
             "Conv2d", nb_kernels, kernel_size, args, stride, padding)
-        self.nb_kernels = nb_kernels
+        self.nb_kernels = positive_int("Conv2d", "nb_kernels", nb_kernels)
         self._set_window(kernel_size, stride, padding, pad_mode)
-        self.dilation = _pair("Conv2d", "dilation", dilation)
+        self.dilation = _pair("Conv2d", "dilation", dilation, minimum=1)
         if group < 1 or nb_kernels % group:
             raise ValueError(f"Conv2d: nb_kernels ({nb_kernels}) must be a multiple of group "
                              f"({group}) and group >= 1")
@@ -217,7 +242,7 @@ class BatchNorm2d(Layer):
 
     def __init__(self, *args, momentum: float = 0.9):
         super().__init__()
-        self.channels = args[0] if len(args) > 0 else None
+        self.channels = positive_int("BatchNorm2d", "channels", args[0]) if args else None
         if len(args) > 1:
             momentum = args[1]
         if not 0 <= momentum <= 1.0:

@@ -1,5 +1,5 @@
-"""Dense layers (Linear, Gemm, Embedding) and the parameter-free layers, which are declared by
-table: each wraps one function of :mod:`singa_jax.autograd`."""
+"""Dense layers (Linear, Gemm, Embedding) and the parameter-free layers, made one per line by
+``_make_stateless``: each wraps one function of :mod:`singa_jax.autograd`."""
 from __future__ import annotations
 
 import inspect
@@ -10,7 +10,7 @@ from .. import autograd
 from .. import initializer as init
 from ..device import Device, get_default_device
 from ..tensor import Tensor
-from .base import Layer
+from .base import Layer, positive_int
 
 __all__ = ["Linear", "Gemm", "Embedding", "ReLU", "Sigmoid", "Add", "Flatten",
            "SoftMaxCrossEntropy", "SoftMax", "MeanSquareError", "CrossEntropy",
@@ -29,11 +29,11 @@ class Linear(Layer):
 
     def __init__(self, out_features: int, *args, bias: bool = True, **kwargs):
         super().__init__()
-        self.out_features = out_features
+        self.out_features = positive_int("Linear", "out_features", out_features)
         self.in_features = None
         if len(args) > 0:  # Linear(in_features, out_features[, bias])
-            self.in_features = out_features
-            self.out_features = args[0]
+            self.in_features = self.out_features
+            self.out_features = positive_int("Linear", "out_features", args[0])
         self.bias = args[1] if len(args) > 1 else bias
 
     def initialize(self, x: Tensor) -> None:
@@ -69,7 +69,7 @@ class Gemm(Layer):
                  transA: bool = False, transB: bool = True, bias: bool = True,
                  bias_shape: Optional[Sequence[int]] = None):
         super().__init__()
-        self.nb_kernels = nb_kernels
+        self.nb_kernels = positive_int("Gemm", "nb_kernels", nb_kernels)
         self.alpha = alpha
         self.beta = beta
         self.transA = 1 if transA else 0
@@ -106,8 +106,8 @@ class Embedding(Layer):
 
     def __init__(self, input_dim: int, output_dim: int, initializer: str = "gaussian"):
         super().__init__()
-        self.input_dim = input_dim
-        self.output_dim = output_dim
+        self.input_dim = positive_int("Embedding", "input_dim", input_dim)
+        self.output_dim = positive_int("Embedding", "output_dim", output_dim)
         self.initializer = initializer
 
     def initialize(self, x: Tensor) -> None:
@@ -134,29 +134,6 @@ class Embedding(Layer):
     def forward(self, x: Tensor) -> Tensor:
         self.device_check(x, self.W)
         return autograd.embedding(x, self.W)
-
-
-# --- parameter-free layers, one autograd function each --------------------------------------
-# (class name, autograd function, forward inputs, constructor options with defaults, doc)
-_STATELESS: Sequence[Tuple[str, str, Tuple[str, ...], Dict[str, Any], str]] = [
-    ("ReLU", "relu", ("x",), {}, "``max(x, 0)``"),
-    ("Sigmoid", "sigmoid", ("x",), {}, "``1 / (1 + exp(-x))``"),
-    ("Add", "add", ("a", "b"), {}, "``a + b``"),
-    ("Flatten", "flatten", ("x",), {"axis": 1},
-     "reshape to 2-D: axes before ``axis`` form the rows"),
-    ("SoftMaxCrossEntropy", "softmax_cross_entropy", ("x", "t"), {},
-     "mean cross-entropy of ``softmax(x)`` against labels or one-hot ``t``"),
-    ("SoftMax", "softmax", ("x",), {}, "softmax along axis 1"),
-    ("MeanSquareError", "mse_loss", ("x", "t"), {}, "mean squared error (SINGA's ``mse_loss``)"),
-    ("CrossEntropy", "cross_entropy", ("x", "t"), {}, "cross-entropy of probabilities ``x``"),
-    ("BinaryCrossEntropy", "binary_cross_entropy", ("x", "t"), {},
-     "binary cross-entropy of probabilities ``x``"),
-    ("Dropout", "dropout", ("x",), {"ratio": 0.5},
-     "zero each element with probability ``ratio`` and scale the rest by ``1 / (1 - ratio)`` "
-     "while ``autograd.training``; identity otherwise"),
-    ("Cat", "cat", ("xs",), {"axis": 0}, "concatenate the list ``xs`` along ``axis``"),
-    ("Reshape", "reshape", ("x", "shape"), {}, "reshape ``x`` to ``shape``"),
-]
 
 
 def _make_stateless(name: str, fn_name: str, inputs: Tuple[str, ...], options: Dict[str, Any],
@@ -193,6 +170,26 @@ def _make_stateless(name: str, fn_name: str, inputs: Tuple[str, ...], options: D
     return cls
 
 
-for _entry in _STATELESS:
-    globals()[_entry[0]] = _make_stateless(*_entry)
-del _entry
+# --- parameter-free layers, one autograd function each --------------------------------------
+ReLU = _make_stateless("ReLU", "relu", ("x",), {}, "``max(x, 0)``")
+Sigmoid = _make_stateless("Sigmoid", "sigmoid", ("x",), {}, "``1 / (1 + exp(-x))``")
+Add = _make_stateless("Add", "add", ("a", "b"), {}, "``a + b``")
+Flatten = _make_stateless("Flatten", "flatten", ("x",), {"axis": 1},
+                          "reshape to 2-D: axes before ``axis`` form the rows")
+SoftMaxCrossEntropy = _make_stateless(
+    "SoftMaxCrossEntropy", "softmax_cross_entropy", ("x", "t"), {},
+    "mean cross-entropy of ``softmax(x)`` against labels or one-hot ``t``")
+SoftMax = _make_stateless("SoftMax", "softmax", ("x",), {}, "softmax along axis 1")
+MeanSquareError = _make_stateless("MeanSquareError", "mse_loss", ("x", "t"), {},
+                                  "mean squared error (SINGA's ``mse_loss``)")
+CrossEntropy = _make_stateless("CrossEntropy", "cross_entropy", ("x", "t"), {},
+                               "cross-entropy of probabilities ``x``")
+BinaryCrossEntropy = _make_stateless("BinaryCrossEntropy", "binary_cross_entropy", ("x", "t"), {},
+                                     "binary cross-entropy of probabilities ``x``")
+Dropout = _make_stateless(
+    "Dropout", "dropout", ("x",), {"ratio": 0.5},
+    "zero each element with probability ``ratio`` and scale the rest by ``1 / (1 - ratio)`` "
+    "while ``autograd.training``; identity otherwise")
+Cat = _make_stateless("Cat", "cat", ("xs",), {"axis": 0},
+                      "concatenate the list ``xs`` along ``axis``")
+Reshape = _make_stateless("Reshape", "reshape", ("x", "shape"), {}, "reshape ``x`` to ``shape``")

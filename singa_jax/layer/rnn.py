@@ -2,8 +2,10 @@
 
 SINGA unrolls RNN/LSTM step by step in Python; here the whole sequence is one operator whose
 kernel is a ``jax.lax.scan`` (one compiled loop, gradients by ``jax.vjp``), with the input
-projections of all steps done in one matmul before the loop. ``step_forward`` keeps SINGA's
-single-step form built from autograd ops.
+projections of all steps done in one matmul before the loop. All three layers run the same
+scan kernel, ``autograd.nn._rnn_direction`` (cuDNN's cell): RNN/LSTM only lay their per-gate
+weights out as cuDNN's stacked matrices first. ``step_forward`` keeps SINGA's single-step form
+built from autograd ops.
 """
 from __future__ import annotations
 
@@ -15,26 +17,25 @@ import jax.numpy as jnp
 from .. import autograd
 from .. import initializer as init
 from ..autograd.function import make_function
+from ..autograd.nn import _rnn_direction
 from ..tensor import Tensor
 from .base import Layer
 
 __all__ = ["RNN_Base", "RNN", "LSTM", "CudnnRNN"]
 
-_ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu}
+# SINGA's rnn_mode names -> cuDNN mode numbers (0: relu RNN, 1: tanh RNN, 2: LSTM, 3: GRU)
+_CUDNN_MODES = {"relu": 0, "vanilla": 1, "tanh": 1, "lstm": 2, "gru": 3}
+_RNN_NONLINEARITIES = ("relu", "tanh")
+_LSTM_GATES = ("i", "f", "o", "g")  # layer.LSTM's parameter order (SINGA's)
+_CUDNN_LSTM_GATES = ("i", "f", "g", "o")  # the order of cuDNN's cell (and its packed weights)
 
 
 def _rnn_sequence(*arrays, n_steps: int, nonlinearity: str):
     """``h_t = act(x_t Wx + h_{t-1} Wh + b)``; inputs ``x_1..x_T, h0, Wx, Wh, b``; returns
-    ``(h_1, ..., h_T)``."""
+    ``(h_1, ..., h_T)``. cuDNN's cell with ``W = Wx^T``, ``R = Wh^T``, ``b_W = b``, ``b_R = 0``."""
     xs, (h0, wx, wh, b) = jnp.stack(arrays[:n_steps]), arrays[n_steps:]
-    act = _ACTIVATIONS[nonlinearity]
-    x_proj = xs @ wx + b
-
-    def step(h, xp):
-        h = act(xp + h @ wh)
-        return h, h
-
-    _, hs = jax.lax.scan(step, h0, x_proj)
+    hs, _, _ = _rnn_direction(_CUDNN_MODES[nonlinearity], xs, None, h0, jnp.zeros_like(h0),
+                              wx.T, wh.T, b, jnp.zeros_like(b))
     return tuple(hs[t] for t in range(n_steps))
 
 
@@ -44,20 +45,20 @@ def _lstm_sequence(*arrays, n_steps: int):
 
         i, f, o = sigmoid(x Wx_* + Bx_* + h Wh_* + Bh_*);  g = tanh(x Wx_g + Bx_g + h Wh_g + Bh_g)
         c' = f * c + i * g;  h' = o * tanh(c')
+
+    which is cuDNN's LSTM cell once the gates are stacked in its order (i, f, g, o).
     """
     xs, (h0, c0), w = jnp.stack(arrays[:n_steps]), arrays[n_steps:n_steps + 2], arrays[n_steps + 2:]
-    wx, wh = jnp.concatenate(w[0:4], axis=1), jnp.concatenate(w[4:8], axis=1)
-    bias = jnp.concatenate(w[8:12]) + jnp.concatenate(w[12:16])
-    x_proj = xs @ wx + bias
+    per_kind = {kind: dict(zip(_LSTM_GATES, w[4 * k:4 * k + 4]))
+                for k, kind in enumerate(("Wx", "Wh", "Bx", "Bh"))}
 
-    def step(carry, xp):
-        h, c = carry
-        i, f, o, g = jnp.split(xp + h @ wh, 4, axis=-1)
-        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-        h = jax.nn.sigmoid(o) * jnp.tanh(c)
-        return (h, c), h
+    def stacked(kind: str, axis: int):  # one kind of weight, its gates in cuDNN's order
+        return jnp.concatenate([per_kind[kind][g] for g in _CUDNN_LSTM_GATES], axis=axis)
 
-    (_, c_last), hs = jax.lax.scan(step, (h0, c0), x_proj)
+    # both biases folded into the input projection's (one add per step fewer); b_R = 0
+    bias = stacked("Bx", 0) + stacked("Bh", 0)
+    hs, _, c_last = _rnn_direction(_CUDNN_MODES["lstm"], xs, None, h0, c0, stacked("Wx", 1).T,
+                                   stacked("Wh", 1).T, bias, jnp.zeros_like(bias))
     return tuple(hs[t] for t in range(n_steps)) + (c_last,)
 
 
@@ -111,9 +112,9 @@ class RNN(RNN_Base):
                  nonlinearity: str = "tanh", bias: bool = True, batch_first: bool = False,
                  dropout: float = 0, bidirectional: bool = False):
         super().__init__()
-        if nonlinearity not in _ACTIVATIONS:
-            raise ValueError(f"RNN: nonlinearity must be one of {sorted(_ACTIVATIONS)}, got "
-                             f"{nonlinearity!r}")
+        if nonlinearity not in _RNN_NONLINEARITIES:
+            raise ValueError(f"RNN: nonlinearity must be one of {list(_RNN_NONLINEARITIES)}, "
+                             f"got {nonlinearity!r}")
         self._configure(input_size, hidden_size, num_layers, nonlinearity, bias, batch_first,
                         dropout, bidirectional)
 
@@ -137,9 +138,6 @@ class RNN(RNN_Base):
         y = autograd.add(autograd.matmul(h, Wh), autograd.matmul(x, Wx))
         y = autograd.add_bias(y, b, axis=0)
         return autograd.tanh(y) if self.nonlinearity == "tanh" else autograd.relu(y)
-
-
-_LSTM_GATES = ("i", "f", "o", "g")
 
 
 class LSTM(RNN_Base):
@@ -198,10 +196,6 @@ class LSTM(RNN_Base):
         g = gate("g", autograd.tanh)
         c_new = autograd.add(autograd.mul(f, c), autograd.mul(i, g))
         return autograd.mul(o, autograd.tanh(c_new)), c_new
-
-
-# SINGA's rnn_mode names -> cuDNN mode numbers (0: relu RNN, 1: tanh RNN, 2: LSTM, 3: GRU)
-_CUDNN_MODES = {"relu": 0, "vanilla": 1, "tanh": 1, "lstm": 2, "gru": 3}
 
 
 class CudnnRNN(Layer):

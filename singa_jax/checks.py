@@ -1,0 +1,154 @@
+"""Value checks that work eagerly and inside graph mode's compiled step.
+
+An op that must reject bad VALUES (a class label outside ``[0, classes)``, an embedding index
+outside the vocabulary) calls :func:`check` with a scalar boolean array ``ok`` and a message:
+
+* **Eager** (``ok`` is a concrete array): when ``ok`` is false, :func:`check` raises
+  ``ValueError(message)`` at once, before the op's kernel runs, so nothing has changed yet.
+* **Traced** (``ok`` is a JAX tracer: graph mode is tracing the step): the value is unknown
+  until the program runs, so :func:`check` appends a :class:`Check` to the list of the
+  innermost active :func:`collecting` block of this thread (and asyncio task) and returns.
+  The collector's owner (graph mode) adds the flags to the program's outputs and raises after
+  the program ran, before writing any new state back: an error at the end of the step, with
+  nothing applied and no host sync per op.
+* **Traced with no collector** (a user's own ``jax.jit`` around singa_jax code): the check is
+  skipped; nobody could act on the flag.
+
+Contract for the collector (graph mode):
+
+    with checks.collecting() as found:          # around the trace of the step
+        ... trace ...                           # ops append Check(ok, message, values)
+    # make ``[c.ok for c in found]`` and ``[c.values for c in found]`` outputs of the program;
+    # after running it, for the first check whose ok is False:
+    #     raise ValueError(found[i].format(concrete_values_i))
+    # and write no new state back (the step did not happen).
+
+The list is per thread (a :class:`contextvars.ContextVar`), so two threads tracing at once never
+see each other's checks; nested ``collecting()`` blocks each get their own list.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["Check", "check", "collecting", "check_indices"]
+
+Message = Union[str, Callable[[], str]]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One deferred check recorded while tracing.
+
+    Attributes:
+        ok: scalar bool tracer; False means the input was bad.
+        message: the error message, a ``str.format`` template filled with ``values``.
+        values: scalar tracers reported in the message (e.g. the smallest and largest label).
+    """
+
+    ok: Any
+    message: str
+    values: Tuple[Any, ...] = ()
+
+    def format(self, values: Sequence[Any]) -> str:
+        """The message with the concrete ``values`` (same order as :attr:`values`) filled in."""
+        return _format(self.message, values)
+
+
+_COLLECTOR: contextvars.ContextVar[Optional[List[Check]]] = contextvars.ContextVar(
+    "singa_jax.checks", default=None)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[List[Check]]:
+    """Collect the checks of the traced code run inside the block (this thread only); yields the
+    list they are appended to. The previous collector (if any) is restored on exit."""
+    found: List[Check] = []
+    token = _COLLECTOR.set(found)
+    try:
+        yield found
+    finally:
+        _COLLECTOR.reset(token)
+
+
+def _is_tracer(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _scalar(v: Any) -> Any:
+    """A concrete scalar array as a Python number, for the message ("?" if still traced)."""
+    return "?" if _is_tracer(v) else np.asarray(v).item()
+
+
+def _format(message: str, values: Sequence[Any]) -> str:
+    return message.format(*[_scalar(v) for v in values]) if values else message
+
+
+def check(ok: Any, message: Message, *values: Any) -> None:
+    """Raise ``ValueError`` (eager) or record a deferred check (traced) unless ``ok`` holds.
+
+    Args:
+        ok: a scalar boolean (a jax array, a tracer, or a Python/NumPy bool).
+        message: the error message; a ``str.format`` template when ``values`` are given, or a
+            zero-argument callable returning the message (built only when needed).
+        values: scalar arrays filled into ``message`` (concrete values in the error).
+    """
+    if _is_tracer(ok):
+        found = _COLLECTOR.get()
+        if found is not None:
+            text = message() if callable(message) else message
+            found.append(Check(ok, text, tuple(values)))
+        return
+    if not bool(ok):  # concrete: one host read of a scalar
+        text = message() if callable(message) else message
+        raise ValueError(_format(text, values))
+
+
+# --- the shared index check: class labels, embedding indices ---------------------------------
+@partial(jax.jit, static_argnums=(1, 2))
+def _index_stats(idx: jax.Array, size: int, require_integers: bool):
+    """``(ok, smallest, largest, all integers)`` of the indices ``idx`` for a table of ``size``
+    rows: one small kernel. Float indices count by their truncation (as the ops use them),
+    unless ``require_integers``; NaN is never in range."""
+    if jnp.issubdtype(idx.dtype, jnp.integer):
+        used, whole = idx, jnp.array(True)
+    else:
+        used = jnp.trunc(idx)
+        whole = jnp.all(idx == used)
+    ok = jnp.all(used >= 0) & jnp.all(used < size)
+    if require_integers:
+        ok = ok & whole
+    return ok, jnp.min(idx), jnp.max(idx), whole
+
+
+def _escape(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def check_indices(op: str, what: str, idx: jax.Array, size: int, context: str,
+                  require_integers: bool = False) -> None:
+    """:func:`check` that every value of ``idx`` is an index in ``[0, size)``.
+
+    ``op`` and ``what`` name the op and its argument (``"Embedding"``, ``"indices x"``),
+    ``context`` says where ``size`` comes from (``"vocabulary of w with shape (5, 2)"``). With
+    ``require_integers`` float values must be exact integers (class labels); otherwise they
+    are truncated, as the ops do (embedding indices). An empty ``idx`` passes.
+    """
+    if idx.size == 0:
+        return
+    if not (jnp.issubdtype(idx.dtype, jnp.integer) or jnp.issubdtype(idx.dtype, jnp.floating)):
+        raise TypeError(f"{op}: {what} must be integers or floats, got dtype {idx.dtype}")
+    ok, lo, hi, whole = _index_stats(idx, int(size), bool(require_integers))
+    kind = "integers in" if require_integers else "in"
+    message = (_escape(f"{op}: {what} must be {kind} [0, {size}) ({context}); got {what} of "
+                       f"shape {tuple(idx.shape)}, dtype {idx.dtype}, with values in ")
+               + "[{}, {}]" + (", all integers: {}" if require_integers else ""))
+    values = (lo, hi, whole) if require_integers else (lo, hi)
+    check(ok, message, *values)

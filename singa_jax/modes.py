@@ -1,0 +1,165 @@
+"""Scoped modes: training mode, grad mode and graph mode's trace hook.
+
+Each is a :class:`contextvars.ContextVar`, so it belongs to the running thread (and asyncio task)
+and a ``with`` block restores it on exit, however the block ends. Nothing here is a process-wide
+switch that one thread can flip under another.
+
+Training mode also has SINGA's spelling, the module flag ``autograd.training``. SINGA programs are
+single-threaded and set that flag directly (``autograd.training = True``), so writing it sets the
+writing thread's mode and the *default*: the mode of every thread that never set one of its own.
+``Model.train()``/``Model.eval()`` write it the same way, and a Model's step runs inside
+:func:`training_mode` with the model's own flag, so two threads training and evaluating two models
+do not see each other's mode.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar
+
+__all__ = ["is_training", "set_training", "training_mode", "is_grad_enabled",
+           "set_grad_enabled", "no_grad", "enable_grad", "TraceHook", "current_trace_hook",
+           "trace_hook", "traced_keys"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# --- training mode ------------------------------------------------------------------------------
+_TRAINING: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
+    "singa_jax.training", default=None)
+_training_default = False  # what a thread that never set its own mode reads (SINGA's flag)
+
+
+def is_training() -> bool:
+    """Whether operators keep what backward needs (SINGA's ``autograd.training``)."""
+    mode = _TRAINING.get()
+    return _training_default if mode is None else mode
+
+
+def set_training(mode: bool) -> None:
+    """SINGA's ``autograd.training = mode``: this thread's mode and the default of the others."""
+    global _training_default
+    _training_default = bool(mode)
+    _TRAINING.set(bool(mode))
+
+
+@contextlib.contextmanager
+def training_mode(mode: bool) -> Iterator[None]:
+    """Run the block in training mode ``mode`` (this thread only); restored on exit."""
+    token = _TRAINING.set(bool(mode))
+    try:
+        yield
+    finally:
+        _TRAINING.reset(token)
+
+
+# --- grad mode ----------------------------------------------------------------------------------
+_GRAD_ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "singa_jax.grad_enabled", default=True)
+
+
+def is_grad_enabled() -> bool:
+    """Whether operators record the autograd graph (PyTorch's grad mode; on by default)."""
+    return _GRAD_ENABLED.get()
+
+
+class _GradMode:
+    """Grad mode ``mode`` for the duration of a ``with`` block or of each call of a decorated
+    function."""
+
+    mode = True
+
+    def __init__(self, mode: Optional[bool] = None):
+        if mode is not None:
+            self.mode = bool(mode)
+        self._tokens: list = []
+
+    def __enter__(self) -> None:
+        self._tokens.append(_GRAD_ENABLED.set(self.mode))
+
+    def __exit__(self, *exc: Any) -> None:
+        _GRAD_ENABLED.reset(self._tokens.pop())
+
+    def __call__(self, fn: F) -> F:
+        mode = self.mode
+
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with _GradMode(mode):
+                return fn(*args, **kwargs)
+        return wrapped  # type: ignore[return-value]
+
+
+class no_grad(_GradMode):
+    """Record no autograd graph inside the block (or the decorated function)."""
+
+    mode = False
+
+
+class enable_grad(_GradMode):
+    """Record the autograd graph inside the block, even within :class:`no_grad`."""
+
+    mode = True
+
+
+class set_grad_enabled(_GradMode):
+    """Grad mode ``mode`` for this thread, as in PyTorch: a plain call sets it at once; as a
+    context manager the previous mode comes back on exit; as a decorator it holds per call."""
+
+    def __init__(self, mode: bool):
+        super().__init__(mode)
+        self._previous = _GRAD_ENABLED.set(self.mode)
+
+    def __enter__(self) -> None:
+        pass  # already in effect since construction
+
+    def __exit__(self, *exc: Any) -> None:
+        _GRAD_ENABLED.reset(self._previous)
+
+
+# --- graph mode's trace hook --------------------------------------------------------------------
+class TraceHook:
+    """Observer that graph mode installs while it traces a step (see :mod:`singa_jax.graph`).
+
+    It learns which pre-existing Tensors a step reads and rebinds, and which Tensors it creates,
+    so that every piece of state enters and leaves the compiled program as data.
+    """
+
+    def read(self, t: Any) -> None: ...
+
+    def write(self, t: Any) -> None: ...
+
+    def created(self, t: Any) -> None: ...
+
+
+_TRACE_HOOK: contextvars.ContextVar[Optional[TraceHook]] = contextvars.ContextVar(
+    "singa_jax.trace_hook", default=None)
+current_trace_hook = _TRACE_HOOK.get  # the hook of this thread's trace, or None
+
+
+@contextlib.contextmanager
+def trace_hook(hook: Optional[TraceHook]) -> Iterator[None]:
+    """Install ``hook`` on ``Tensor`` for this thread while the block runs (None: no hook)."""
+    token = _TRACE_HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _TRACE_HOOK.reset(token)
+
+
+# --- graph mode's traced PRNG keys ----------------------------------------------------------------
+# While a thread traces a step, graph mode sets each Device's ``key`` to a tracer. The Device
+# keeps that tracer here, per thread, as ``{device: (tracer, concrete key the trace started
+# from)}``, so no other thread can ever read a tracer as a Device's key.
+_TRACED_KEYS: contextvars.ContextVar[Optional[Dict[Any, Tuple[Any, Any]]]] = \
+    contextvars.ContextVar("singa_jax.traced_keys", default=None)
+
+
+def traced_keys(create: bool = False) -> Optional[Dict[Any, Tuple[Any, Any]]]:
+    """This thread's traced device keys (None when it never traced; with ``create``, a new
+    empty dict is installed for it)."""
+    keys = _TRACED_KEYS.get()
+    if keys is None and create:
+        keys = {}
+        _TRACED_KEYS.set(keys)
+    return keys

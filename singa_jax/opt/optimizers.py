@@ -1,0 +1,733 @@
+"""The optimizers of ``singa_jax.opt``: :class:`Optimizer`, :class:`SGD`, :class:`RMSProp`,
+:class:`AdaGrad` and :class:`Adam`.
+
+Holds the pure update rules (one per optimizer), ``_fused_update`` (the one jitted kernel that
+updates every parameter of a step), the :class:`Optimizer` base with its hyper-parameters, step
+counter, per-parameter slots and ``get_states``/``set_states``, and the state helpers
+``_state_tensor`` and ``_param_name``. How state is kept and keyed is described in the package
+docstring (:mod:`singa_jax.opt`).
+"""
+from __future__ import annotations
+
+import warnings
+import weakref
+from functools import partial
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import tensor as _tensor
+from ..autograd.engine import backward as _backward
+from ..creator import Dummy
+from ..device import Device
+from ..modes import current_trace_hook
+from ..tensor import Tensor
+from .schedules import _HYPER_SPECS, DecayScheduler, _advance, _as_schedule, _eval_schedules
+
+
+# --------------------------------------------------------------------------------------------
+# Update rules: pure functions of (config, hyper values, step, param, grad, slots)
+# --------------------------------------------------------------------------------------------
+UpdateRule = Callable[[Tuple, Dict[str, jax.Array], jax.Array, jax.Array, jax.Array, Tuple],
+                      Tuple[jax.Array, Tuple]]
+
+
+def _sgd_rule(config, h, step, p, g, slots):
+    """``buf = momentum*buf + (1-dampening)*g``; ``g = g + momentum*buf`` (nesterov) or ``buf``;
+    ``p = p - lr*g``. Without momentum: ``p = p - lr*g``."""
+    use_momentum, nesterov = config
+    if use_momentum:
+        (buf,) = slots
+        buf = h["momentum"] * buf + (1 - h["dampening"]) * g
+        g = g + h["momentum"] * buf if nesterov else buf
+        slots = (buf,)
+    return p - h["lr"] * g, slots
+
+
+def _rmsprop_rule(config, h, step, p, g, slots):
+    """``r = rho*r + (1-rho)*g^2``; ``p = p - lr * g / sqrt(r + epsilon)``."""
+    (r,) = slots
+    r = h["rho"] * r + (1 - h["rho"]) * jnp.square(g)
+    return p - h["lr"] * g / jnp.sqrt(r + h["epsilon"]), (r,)
+
+
+def _adagrad_rule(config, h, step, p, g, slots):
+    """``s = s + g^2``; ``p = p - lr * g / sqrt(s + epsilon)``."""
+    (s,) = slots
+    s = s + jnp.square(g)
+    return p - h["lr"] * g / jnp.sqrt(s + h["epsilon"]), (s,)
+
+
+def _adam_rule(config, h, step, p, g, slots):
+    """``m = b1*m + (1-b1)*g``; ``v = b2*v + (1-b2)*g^2``; with ``t = step_counter + 1``:
+    ``p = p - lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + epsilon)``."""
+    m, v = slots
+    b1, b2 = h["beta_1"], h["beta_2"]
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * jnp.square(g)
+    t = step + 1
+    m_hat = m / (1 - jnp.power(b1, t))
+    v_hat = v / (1 - jnp.power(b2, t))
+    return p - h["lr"] * m_hat / (jnp.sqrt(v_hat) + h["epsilon"]), (m, v)
+
+
+def _all_finite(arrays: Sequence[jax.Array]) -> jax.Array:
+    """A scalar bool: no NaN or inf in any of the floating ``arrays``."""
+    flags = [jnp.all(jnp.isfinite(a)) for a in arrays if jnp.issubdtype(a.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.array(True)
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3, 9))
+def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
+                  schedules: Tuple[Tuple[str, DecayScheduler], ...], hyper: Dict[str, jax.Array],
+                  step: jax.Array, params: List[jax.Array], grads: List[jax.Array],
+                  slots: List[Tuple[jax.Array, ...]], guard: bool, checked: Tuple[jax.Array, ...],
+                  skip_state: Optional[Tuple[jax.Array, jax.Array, jax.Array]]):
+    """One kernel updating every parameter of a step.
+
+    Hyper-parameters with a pure schedule are evaluated here at ``step`` (the value SINGA keeps
+    in ``*_value``), so the kernel needs no value tensors: a constant folds into the program;
+    ``hyper`` holds the values of the other schedules. L2 weight decay
+    (``g = g + weight_decay * p``) is applied first when ``decay``. Arithmetic runs in at least
+    float32; results are cast back to each param's/slot's dtype.
+
+    With ``guard`` (``Optimizer.skip_nonfinite``) the step is skipped inside the kernel when a
+    gradient or an array of ``checked`` (the loss) holds NaN/inf: every param and slot comes
+    back unchanged, and ``skip_state`` = ``(skipped_steps, skip_pending, last_skipped_step)``
+    comes back counted (else it is returned as given, None without ``guard``). No host sync.
+    """
+    step_counter = step
+    hyper = {**{name: sched.value(step) for name, sched in schedules}, **hyper}
+    new_params, new_slots = [], []
+    step = step.reshape(()).astype(jnp.float32)
+    for p, g, ss in zip(params, grads, slots):
+        ct = jnp.promote_types(p.dtype, jnp.float32)
+        h = {k: v.reshape(()).astype(ct) for k, v in hyper.items()}
+        pc, gc = p.astype(ct), g.astype(ct)
+        if decay:
+            gc = gc + h["weight_decay"] * pc
+        np_, nss = rule(config, h, step.astype(ct), pc, gc, tuple(s.astype(ct) for s in ss))
+        new_params.append(np_.astype(p.dtype))
+        new_slots.append(tuple(n.astype(s.dtype) for n, s in zip(nss, ss)))
+    if not guard:
+        return new_params, new_slots, skip_state
+    ok = _all_finite(list(grads) + list(checked))
+    new_params = [jnp.where(ok, n, p) for n, p in zip(new_params, params)]
+    new_slots = [tuple(jnp.where(ok, n, s) for n, s in zip(nss, ss))
+                 for nss, ss in zip(new_slots, slots)]
+    skipped, pending, last_at = skip_state
+    bad = jnp.where(ok, 0, 1).astype(skipped.dtype)
+    return new_params, new_slots, (skipped + bad, jnp.maximum(pending, bad),
+                                   jnp.where(ok, last_at, step_counter.astype(last_at.dtype)))
+
+
+@partial(jax.jit, static_argnums=0)
+def _advance_unless_skipped(schedules: Tuple[DecayScheduler, ...], step: jax.Array,
+                            pending: jax.Array):
+    """:meth:`Optimizer.step` under ``skip_nonfinite``: the counter advances only when no update
+    since the last step was skipped (``pending`` 0); returns the counter, every schedule's value
+    there and the cleared ``pending``."""
+    nxt = step + (1 - pending).astype(step.dtype)
+    return nxt, tuple(s.value(nxt) for s in schedules), jnp.zeros_like(pending)
+
+
+class NonFiniteStepWarning(RuntimeWarning):
+    """An optimizer skipped a step whose gradients (or loss) held NaN or inf."""
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer base
+# --------------------------------------------------------------------------------------------
+_KEY_SEP = "/"  # get_states() key of a slot: "<slot kind>/<param key>", e.g. "moments/W"
+# the Tensors of the non-finite guard (made with the step counter, see Optimizer)
+_SKIP_STATE = ("skipped_steps", "_skip_pending", "_last_skipped_step")
+
+
+def _backend_started() -> bool:
+    """Whether a JAX backend runs already (then an optimizer makes its state at once)."""
+    from jax._src import xla_bridge  # no public query exists; it is a plain flag read
+    return xla_bridge.backends_are_initialized()
+
+
+def _state_tensor(data: jax.Array, device: Optional[Device]) -> Tensor:
+    return Tensor(device=device, data=data, requires_grad=False)
+
+
+def _param_name(p: Tensor) -> Any:
+    """SINGA's slot name of a parameter: its name, or its id when it has none."""
+    return p.name if p.name is not None else id(p)
+
+
+class Optimizer:
+    """Base optimizer (SINGA's): a learning rate schedule, a step counter and per-param slots.
+
+    Args:
+        lr: learning rate, a number or a :class:`DecayScheduler` of the step count.
+        dtype: SINGA's parameter dtype of the optimizer (kept for API compatibility; every
+            param is updated in its own dtype, with at least float32 arithmetic).
+
+    Non-finite steps: while ``skip_nonfinite`` is True (the default), an update whose
+    gradients -- or loss, for ``opt(loss)`` -- hold NaN or inf changes nothing: parameters,
+    slots and ``step_counter`` keep their values (decided inside the fused kernel, without a
+    host sync). ``skipped_steps`` (an int32 Tensor of shape (1,)) counts such steps, and a
+    :class:`NonFiniteStepWarning` names each one at the next optimizer call (or graph-mode
+    step) after it has finished. ``opt.skip_nonfinite = False`` restores SINGA's behaviour
+    (the NaN is applied). A user subclass overriding :meth:`apply` is never guarded.
+
+    Subclasses declare ``_rule`` (a pure update of one param, see ``_sgd_rule``), the names of
+    their slots (``_slot_kinds``) and call :meth:`_init_hypers` for their hyper-parameters. A
+    user subclass may instead override :meth:`apply` (SINGA's way); :meth:`call` then applies
+    it parameter by parameter.
+    """
+
+    _rule: Optional[UpdateRule] = None
+    _slot_kinds: Tuple[str, ...] = ()
+    skip_nonfinite: bool = True  # skip (and count) steps with NaN/inf gradients or loss
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._bump_states_version()
+        if name in self.__dict__.get("_hyper_names", ()):
+            # a new schedule (or number) for a hyper-parameter: validated like the
+            # constructor's, and its *_value follows at once
+            object.__setattr__(self, name, _as_schedule(type(self).__name__, name, value))
+            self._refresh_values()
+            return
+        object.__setattr__(self, name, value)
+
+    def _static_key(self) -> Tuple:
+        """What a compiled step bakes in of this optimizer (its rule's switches and schedules):
+        graph mode keys its programs on it, so assigning ``sgd.lr = ...`` compiles anew."""
+        return (type(self), self._config(), tuple(self._schedules()), self._guarded())
+
+    def _bump_states_version(self) -> None:
+        # read from __dict__: a subclass may assign attributes before calling __init__
+        version = self.__dict__.get("states_version", 0)
+        object.__setattr__(self, "states_version", version + 1)
+
+    def __init__(self, lr: Any, dtype: Any = _tensor.float32):
+        # Per-object counter, bumped whenever the set of state Tensors may change (an attribute
+        # assigned, a slot created, set_states): graph mode re-collects an optimizer's state
+        # only then (Model reads ``optimizer.states_version``).
+        object.__setattr__(self, "states_version", self.__dict__.get("states_version", 0))
+        self.dtype = _tensor.to_dtype(dtype)
+        self._hyper_names: List[str] = []
+        self._key_owner: Dict[str, "weakref.ref[Tensor]"] = {}
+        # step_counter and the *_value tensors are made on first use (see __getattr__), so that
+        # constructing an optimizer starts no JAX backend: DistOpt, wrapping it afterwards, must
+        # call jax.distributed.initialize before the backend starts
+        self._lazy_state: List[str] = ["step_counter", *_SKIP_STATE]
+        self._init_hypers(lr=lr)
+        if _backend_started():
+            self._make_state()
+
+    def __getattr__(self, name: str) -> Any:
+        # reached only when normal lookup fails: a state tensor not made yet
+        if name in self.__dict__.get("_lazy_state", ()):
+            self._make_state()
+            return self.__dict__[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def _make_state(self) -> None:
+        """Create the step counter and the ``*_value`` tensors (at the counter's values)."""
+        lazy = self.__dict__["_lazy_state"]
+        self.__dict__["_lazy_state"] = []
+        if "step_counter" in lazy:
+            self.step_counter = _state_tensor(jnp.zeros((1,), jnp.float32), None)
+            self._make_skip_state()
+        for name in lazy:
+            if name != "step_counter" and name not in _SKIP_STATE:
+                setattr(self, name,
+                        _state_tensor(jnp.zeros((1,), jnp.float32), self.step_counter.device))
+        self._refresh_values()
+
+    def _make_skip_state(self) -> None:
+        """The non-finite guard's state, next to the step counter (see the class docstring).
+        Kept out of :meth:`get_states`, whose keys are SINGA's."""
+        device = self.step_counter.device
+        self.skipped_steps = _state_tensor(jnp.zeros((1,), jnp.int32), device)
+        # 1 while an update since the last step() was skipped: step() then keeps the counter
+        self._skip_pending = _state_tensor(jnp.zeros((1,), jnp.int32), device)
+        # the step_counter value of the last skipped update (for the warning)
+        self._last_skipped_step = _state_tensor(jnp.zeros((1,), jnp.float32), device)
+
+    # --- hyper-parameters -------------------------------------------------------------------
+    def _init_hypers(self, **values: Any) -> None:
+        """Turn each value into a schedule (validated) stored as ``self.<name>``, with its current
+        value as the Tensor ``self.<SINGA value attribute>``."""
+        owner = type(self).__name__
+        scheds = {name: _as_schedule(owner, name, v) for name, v in values.items()}
+        for name, sched in scheds.items():
+            setattr(self, name, sched)
+            if name not in self._hyper_names:
+                self._hyper_names.append(name)
+            self.__dict__.pop(_HYPER_SPECS[name][0], None)
+            self._lazy_state.append(_HYPER_SPECS[name][0])
+        if "step_counter" not in self._lazy_state or _backend_started():
+            self._make_state()  # the state exists already, or creating it starts nothing
+
+    def _schedules(self) -> List[DecayScheduler]:
+        return [getattr(self, n) for n in self._hyper_names]
+
+    def _value_tensors(self) -> List[Tensor]:
+        return [getattr(self, _HYPER_SPECS[n][0]) for n in self._hyper_names]
+
+    def _store_values(self, only_moving: bool, advance: bool) -> None:
+        """Rebind the ``*_value`` tensors to their schedules' values at the step counter (after
+        incrementing it when ``advance``): pure schedules in one kernel, the others by calling
+        them on the counter Tensor. With ``only_moving``, constants are skipped: their value
+        tensors already hold it, and leaving them untouched keeps them out of a compiled step."""
+        pairs = [(s, t) for s, t in zip(self._schedules(), self._value_tensors())
+                 if not (only_moving and s._constant)]
+        pure = tuple(s for s, _ in pairs if s._pure)
+        if advance and self._guarded():
+            nxt, values, cleared = _advance_unless_skipped(pure, self.step_counter.data,
+                                                           self._skip_pending.data)
+            self.step_counter.data = nxt
+            self._skip_pending.data = cleared
+        elif advance:
+            nxt, values = _advance(pure, self.step_counter.data)
+            self.step_counter.data = nxt
+        else:
+            values = _eval_schedules(pure, self.step_counter.data) if pure else ()
+        it = iter(values)
+        for sched, t in pairs:
+            t.data = next(it) if sched._pure else sched(self.step_counter).data
+
+    def _refresh_values(self) -> None:
+        self._store_values(only_moving=False, advance=False)
+
+    def _update_hypers(self) -> Tuple[Tuple[Tuple[str, DecayScheduler], ...],
+                                      Dict[str, jax.Array]]:
+        """What the update kernel needs of the hyper-parameters: the pure schedules (static,
+        evaluated inside it) and the current values of the others."""
+        pure, values = [], {}
+        for name, tensor in zip(self._hyper_names, self._value_tensors()):
+            sched = getattr(self, name)
+            if sched._pure:
+                pure.append((name, sched))
+            else:
+                values[name] = tensor.data
+        return tuple(pure), values
+
+    def _config(self) -> Tuple:
+        """Static switches of the update rule (part of the compiled kernel's cache key)."""
+        return ()
+
+    def _decay_on(self) -> bool:
+        # SINGA applies weight decay only when its (initial) value is non-zero
+        return "weight_decay" in self._hyper_names and self.weight_decay.init_value != 0
+
+    def _active_slot_kinds(self) -> Tuple[str, ...]:
+        return self._slot_kinds
+
+    def _slot_dict(self, kind: str) -> Dict[str, Tensor]:
+        return self.__dict__.setdefault(kind, {})
+
+    # --- SINGA's API --------------------------------------------------------------------------
+    def __call__(self, loss: Tensor) -> None:
+        """Back-propagate from ``loss``, update every parameter, then :meth:`step`."""
+        self.call(loss)
+        self.step()
+
+    def backward_and_update(self, loss: Tensor) -> None:
+        """SINGA's older name of ``__call__``: backward, update all parameters, step."""
+        self.__call__(loss)
+
+    def call(self, loss: Tensor) -> None:
+        """Back-propagate from ``loss`` and update every parameter (one fused kernel), without
+        advancing the step counter."""
+        self._check_graph_not_consumed(loss)
+        self._apply_all(list(_backward(loss)), loss)
+
+    def _check_graph_not_consumed(self, loss: Any) -> None:
+        """A second optimizer call on one loss: backward has already released the graph (each
+        op drops its inputs, ``src``, once passed), so say so instead of failing deep inside
+        an op's backward."""
+        creator = loss.__dict__.get("creator") if isinstance(loss, Tensor) else None
+        if creator is not None and not isinstance(creator, Dummy) and creator.requires_grad \
+                and not creator.src:
+            raise RuntimeError(
+                f"{type(self).__name__}: the autograd graph of this loss ({creator.name}) was "
+                f"already consumed by an earlier backward (optimizer call); backward releases "
+                f"the graph as it goes, so each loss can be back-propagated once. Run the "
+                f"forward pass again to get a new loss")
+
+    def _apply_all(self, pairs: Sequence[Tuple[Tensor, Tensor]],
+                   loss: Optional[Tensor] = None) -> None:
+        """Update every ``(param, grad)``: one fused kernel, or a user subclass's ``apply``.
+        ``loss`` (when known) is checked for NaN/inf along with the gradients."""
+        if self._uses_fused_update():
+            self._update_pairs([(_param_name(p), p, g) for p, g in pairs], loss)
+        else:
+            for p, g in pairs:
+                self.apply(_param_name(p), p, g)
+
+    def update(self, param: Tensor, grad: Tensor) -> None:
+        """Update one parameter with its gradient (keyed by ``param.name``); no step()."""
+        self.apply(_param_name(param), param, grad)
+
+    def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
+        """Update ``param_value`` in place (its ``.data`` is rebound) from ``param_grad``, using
+        the slots kept under ``param_name``. The gradient is left unchanged."""
+        if self._rule is None:
+            raise NotImplementedError(f"{type(self).__name__}: the base Optimizer has no update "
+                                      f"rule; use SGD, RMSProp, AdaGrad or Adam, or override apply")
+        self._update_pairs([(param_name, param_value, param_grad)])
+
+    def step(self) -> None:
+        """Increment the step counter and recompute every scheduled hyper-parameter at it."""
+        self._store_values(only_moving=True, advance=True)
+
+    def device_check(self, *inputs: Tensor) -> None:
+        """Move every Tensor of ``inputs`` onto the device of the first one (SINGA's helper)."""
+        if not inputs:
+            return
+        target = inputs[0].device
+        for t in inputs[1:]:
+            if t.device is not target:
+                t.to_device(target)
+
+    def get_states(self) -> Dict[str, Tensor]:
+        """``{'step_counter': Tensor, '<slot kind>/<param key>': Tensor, ...}``.
+
+        A flat dict of the optimizer's own Tensors (not copies; they are rebound by later steps),
+        so it can go straight into a checkpoint (e.g. ``Model.save_states(path, aux_states=...)``).
+        Slot kinds use SINGA's names: ``moments`` (SGD), ``running_average`` (RMSProp),
+        ``history`` (AdaGrad), ``m`` and ``v`` (Adam). Schedules have no state besides the step.
+        """
+        states: Dict[str, Tensor] = {"step_counter": self.step_counter}
+        for kind in self._slot_kinds:
+            for key, t in self._slot_dict(kind).items():
+                states[f"{kind}{_KEY_SEP}{key}"] = t
+        return states
+
+    def set_states(self, states: Mapping[str, Any]) -> None:
+        """Restore what :meth:`get_states` returned (Tensors, NumPy or jax arrays). SINGA's nested
+        form ``{'step_counter': 3.0, 'moments': {name: tensor}}`` is accepted too.
+
+        The whole dict is validated first -- names, that slots are floating point, and shapes
+        against the slot (or parameter) already known under that key -- and nothing changes
+        on error. Exactly the entries given are set: a slot or ``step_counter`` the dict does
+        not mention keeps its value (SINGA, too, leaves the kinds a dict omits alone; here
+        that holds per slot). A value is cast to the dtype of the slot or parameter it replaces.
+        """
+        owner = type(self).__name__
+        if not isinstance(states, Mapping):
+            raise TypeError(f"{owner}.set_states: expected a dict, got {type(states).__name__}")
+        counter = None
+        staged: List[Tuple[str, str, jax.Array]] = []  # (kind, key, array), all validated
+        for key, value in states.items():
+            if key == "step_counter":
+                counter = self._checked_counter(value)
+                continue
+            kind, sep, pkey = str(key).partition(_KEY_SEP)
+            if kind in self._slot_kinds and isinstance(value, Mapping) and not sep:  # nested form
+                staged += [(kind, str(k), self._checked_slot(f"{kind}[{k!r}]", kind, str(k), v))
+                           for k, v in value.items()]
+            elif kind in self._slot_kinds and sep:
+                staged.append((kind, pkey, self._checked_slot(key, kind, pkey, value)))
+            else:
+                raise ValueError(f"{owner}.set_states: unknown state {key!r}; expected "
+                                 f"'step_counter' or '<kind>{_KEY_SEP}<param name>' with kind in "
+                                 f"{list(self._slot_kinds)}")
+        # everything is valid: only now does any state change
+        if counter is not None:
+            self.step_counter.data = self.step_counter.device.put(counter)
+        for kind, key, arr in staged:
+            slots = self._slot_dict(kind)  # the dict object stays: SINGA exposes it
+            if key in slots:
+                slots[key].data = slots[key].device.put(arr)
+            else:
+                slots[key] = _state_tensor(arr, self.step_counter.device)
+        self._bump_states_version()
+        self._refresh_values()
+
+    def _checked_counter(self, value: Any) -> jax.Array:
+        """``value`` as the (1,) float32 step counter, or an error naming the problem."""
+        owner = type(self).__name__
+        counter = self._state_array("step_counter", value)
+        if counter.size != 1:
+            raise ValueError(f"{owner}.set_states: step_counter must hold one value, got "
+                             f"shape {tuple(counter.shape)}")
+        counter = counter.reshape((1,)).astype(jnp.float32)
+        if not isinstance(counter, jax.core.Tracer):
+            number = float(counter[0])
+            if not np.isfinite(number) or number < 0:
+                raise ValueError(f"{owner}.set_states: step_counter must be a finite count >= 0, "
+                                 f"got {number}")
+        return counter
+
+    def _checked_slot(self, what: str, kind: str, key: str, value: Any) -> jax.Array:
+        """``value`` as the array of slot ``kind`` under ``key``: floating point, of the shape
+        of the slot (or else of the parameter) known under ``key``, in its dtype."""
+        owner = type(self).__name__
+        arr = self._state_array(what, value)
+        if not jnp.issubdtype(arr.dtype, jnp.floating):
+            raise TypeError(f"{owner}.set_states: {what} must be a floating-point array (an "
+                            f"optimizer slot), got dtype {arr.dtype}")
+        current = self._slot_dict(kind).get(key)
+        ref = self._key_owner.get(key)
+        param = ref() if ref is not None else None
+        expected = current if current is not None else param
+        if expected is None:
+            return arr
+        if tuple(arr.shape) != tuple(expected.shape):
+            which = "the slot it replaces" if current is not None else f"param {param.name!r}"
+            raise ValueError(f"{owner}.set_states: {what} has shape {tuple(arr.shape)} but "
+                             f"{which} has shape {tuple(expected.shape)}")
+        return arr.astype(expected.dtype)
+
+    def _state_array(self, what: str, value: Any) -> jax.Array:
+        if isinstance(value, Tensor):
+            return value.data
+        if isinstance(value, (jax.Array, jax.core.Tracer)):
+            return value
+        try:
+            arr = np.asarray(value)
+        except Exception as e:  # pragma: no cover - exotic objects
+            raise TypeError(f"{type(self).__name__}.set_states: {what} is not an array "
+                            f"({type(value).__name__})") from e
+        if not np.issubdtype(arr.dtype, np.number):
+            raise TypeError(f"{type(self).__name__}.set_states: {what} must be numeric, got "
+                            f"dtype {arr.dtype}")
+        return jnp.asarray(arr)
+
+    # --- the fused update ---------------------------------------------------------------------
+    def _uses_fused_update(self) -> bool:
+        return self._rule is not None and type(self).apply is Optimizer.apply
+
+    def _slot_key(self, name: Any, param: Tensor) -> str:
+        """The slot key of ``param``: its name, or ``name~N`` when another live parameter
+        already owns that name (see the docstring of :mod:`singa_jax.opt`)."""
+        base = str(name)
+        key, n = base, 0
+        while True:
+            ref = self._key_owner.get(key)
+            owner = ref() if ref is not None else None
+            if owner is None or owner is param:
+                if owner is None:
+                    self._key_owner[key] = weakref.ref(param)
+                return key
+            n += 1
+            key = f"{base}~{n}"
+
+    def _check_pair(self, name: Any, p: Tensor, g: Tensor) -> None:
+        owner = type(self).__name__
+        if not isinstance(p, Tensor) or not isinstance(g, Tensor):
+            raise TypeError(f"{owner}: param and grad must be Tensors, got "
+                            f"{type(p).__name__} and {type(g).__name__} for {name!r}")
+        if not jnp.issubdtype(p.dtype, jnp.inexact) or not jnp.issubdtype(g.dtype, jnp.inexact):
+            raise TypeError(f"{owner}: param {name!r} ({p.dtype}) and its grad ({g.dtype}) must "
+                            f"be floating point")
+        if p.shape != g.shape:
+            raise ValueError(f"{owner}: shape mismatch for param {name!r}: param {p.shape}, "
+                             f"grad {g.shape}")
+
+    def _update_pairs(self, triples: Sequence[Tuple[Any, Tensor, Tensor]],
+                      loss: Optional[Tensor] = None) -> None:
+        """Update every ``(name, param, grad)`` with one kernel per device (skipped inside the
+        kernel when non-finite, see the class docstring; ``loss`` is checked too)."""
+        if not triples:
+            return
+        self._warn_skipped_steps()
+        for name, p, g in triples:  # validate everything before any state changes
+            self._check_pair(name, p, g)
+        kinds = self._active_slot_kinds()
+        keys = [self._slot_key(name, p) for name, p, _ in triples]
+        for key, (name, p, _) in zip(keys, triples):
+            for kind in kinds:
+                s = self._slot_dict(kind).get(key)
+                if s is not None and s.shape != p.shape:
+                    raise ValueError(f"{type(self).__name__}: slot {kind!r} of param {name!r} "
+                                     f"(key {key!r}) has shape {s.shape} but the param has "
+                                     f"shape {p.shape}")
+        slot_tensors = [[self._get_slot(kind, key, p) for kind in kinds]
+                        for key, (_, p, _) in zip(keys, triples)]
+        by_device: Dict[Device, List[int]] = {}
+        for i, (_, p, _) in enumerate(triples):
+            by_device.setdefault(p.device, []).append(i)
+        schedules, hyper = self._update_hypers()
+        step = self.step_counter.data
+        guard = self._guarded()
+        skip_tensors = [getattr(self, name) for name in _SKIP_STATE] if guard else []
+        checked = ()
+        if guard and isinstance(loss, Tensor) and jnp.issubdtype(loss.dtype, jnp.inexact):
+            checked = (loss.data,)
+        for dev, idx in by_device.items():
+            # with params on several devices, each device's kernel decides (and counts) alone
+            h, s, c = hyper, step, checked
+            skip_state = tuple(t.data for t in skip_tensors) if guard else None
+            if dev is not self.step_counter.device:  # arrays of one kernel share a device
+                h = {k: dev.put(v) for k, v in hyper.items()}
+                s = dev.put(step)
+                c = tuple(dev.put(a) for a in checked)
+                skip_state = None if skip_state is None else tuple(map(dev.put, skip_state))
+            new_ps, new_slots, new_skip = _fused_update(
+                type(self)._rule, self._config(), self._decay_on(), schedules, h, s,
+                [triples[i][1].data for i in idx], [triples[i][2].data for i in idx],
+                [tuple(t.data for t in slot_tensors[i]) for i in idx], guard, c, skip_state)
+            for i, np_, nss in zip(idx, new_ps, new_slots):
+                triples[i][1].data = np_
+                for t, a in zip(slot_tensors[i], nss):
+                    t.data = a
+            for t, a in zip(skip_tensors, new_skip or ()):
+                t.data = a if dev is t.device else t.device.put(a)
+        if guard:
+            self._watch_skipped_steps()
+
+    # --- non-finite steps -------------------------------------------------------------------
+    def _guarded(self) -> bool:
+        """Whether updates are skipped on NaN/inf (``skip_nonfinite``; the fused kernel only)."""
+        return bool(self.skip_nonfinite) and self._uses_fused_update()
+
+    def _report_skipped_steps(self) -> None:
+        """Warn about updates skipped since the last report, without ever waiting for a device.
+
+        The ``skipped_steps`` array written by a step is kept and read only once the program
+        that wrote it has finished (``is_ready``), so the report comes a step or a few late but
+        costs no host sync. Eager updates do this themselves; graph mode (whose compiled step
+        runs no optimizer code) calls this after each step. Does nothing while a step is traced.
+        """
+        self._warn_skipped_steps()
+        self._watch_skipped_steps()
+
+    def _warn_skipped_steps(self) -> None:
+        """The reading half of :meth:`_report_skipped_steps`: warn if the kept array is ready
+        and counts new skips, then drop it."""
+        if current_trace_hook() is not None:
+            return
+        watched = self.__dict__.get("_skip_watch")
+        if watched is not None:
+            count_array, at_array = watched
+            if not count_array.is_ready():
+                return
+            count = int(np.asarray(count_array).reshape(-1)[0])
+            reported = self.__dict__.get("_skips_reported", 0)
+            if count > reported:
+                at = float(np.asarray(at_array).reshape(-1)[0])
+                new = count - reported
+                warnings.warn(
+                    f"{type(self).__name__}: skipped the update at step {at:g} (step_counter) "
+                    f"because its gradients or loss held NaN or inf"
+                    + (f", and {new - 1} earlier update(s) since the last report" if new > 1
+                       else "")
+                    + f"; parameters and optimizer state were left unchanged ({count} skipped "
+                    f"in all, see skipped_steps; skip_nonfinite=False restores SINGA's "
+                    f"behaviour)", NonFiniteStepWarning, stacklevel=4)
+            self.__dict__["_skips_reported"] = count  # a reset counter restarts the tally
+            self.__dict__["_skip_watch"] = None
+
+    def _watch_skipped_steps(self) -> None:
+        """Keep the current ``skipped_steps`` array for :meth:`_report_skipped_steps`, unless an
+        earlier one is still waiting to be read."""
+        if self.__dict__.get("_skip_watch") is not None or current_trace_hook() is not None \
+                or "skipped_steps" not in self.__dict__:
+            return
+        arrays = (self.skipped_steps.data, self._last_skipped_step.data)
+        # only concrete arrays are kept: inside a user's jax.jit they are tracers
+        if not isinstance(arrays[0], jax.core.Tracer):
+            self.__dict__["_skip_watch"] = arrays
+
+    def _get_slot(self, kind: str, key: str, p: Tensor) -> Tensor:
+        d = self._slot_dict(kind)
+        t = d.get(key)
+        if t is None:  # created lazily; a new Tensor, so graph mode sees it as new state
+            t = d[key] = _state_tensor(jnp.zeros(p.shape, p.dtype), p.device)
+            self._bump_states_version()
+        elif t.device is not p.device:
+            t.to_device(p.device)
+        return t
+
+
+# --------------------------------------------------------------------------------------------
+# The optimizers
+# --------------------------------------------------------------------------------------------
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional momentum (SINGA's form).
+
+    With ``g`` the gradient plus ``weight_decay * p``::
+
+        buf = momentum * buf + (1 - dampening) * g       (buf starts at 0)
+        g   = g + momentum * buf   if nesterov   else   buf
+        p   = p - lr * g
+
+    Without momentum (``momentum`` whose initial value is 0): ``p = p - lr * g``. Unlike PyTorch,
+    the first step also dampens (``buf = (1 - dampening) * g``, not ``buf = g``).
+    """
+
+    _rule = staticmethod(_sgd_rule)
+    _slot_kinds = ("moments",)
+
+    def __init__(self, lr: Any = 0.1, momentum: Any = 0, dampening: Any = 0,
+                 weight_decay: Any = 0, nesterov: bool = False, dtype: Any = _tensor.float32):
+        super().__init__(lr, dtype)
+        self._init_hypers(momentum=momentum, dampening=dampening, weight_decay=weight_decay)
+        self.nesterov = bool(nesterov)
+        if self.nesterov and (self.momentum.init_value <= 0 or self.dampening.init_value != 0):
+            raise ValueError(f"SGD: Nesterov momentum requires a momentum > 0 and zero dampening, "
+                             f"got momentum={momentum!r}, dampening={dampening!r}")
+        self.moments = self._slot_dict("moments")
+
+    def _config(self) -> Tuple:
+        return (self._momentum_on(), self.nesterov)
+
+    def _momentum_on(self) -> bool:
+        return self.momentum.init_value != 0  # SINGA's switch: the initial momentum
+
+    def _active_slot_kinds(self) -> Tuple[str, ...]:
+        return self._slot_kinds if self._momentum_on() else ()
+
+
+class RMSProp(Optimizer):
+    """RMSProp (SINGA's form; epsilon inside the square root)::
+
+        r = rho * r + (1 - rho) * g^2
+        p = p - lr * g / sqrt(r + epsilon)
+    """
+
+    _rule = staticmethod(_rmsprop_rule)
+    _slot_kinds = ("running_average",)
+
+    def __init__(self, lr: Any = 0.1, rho: Any = 0.9, epsilon: Any = 1e-8, weight_decay: Any = 0):
+        super().__init__(lr)
+        self._init_hypers(weight_decay=weight_decay, rho=rho, epsilon=epsilon)
+        self.running_average = self._slot_dict("running_average")
+
+
+class AdaGrad(Optimizer):
+    """AdaGrad (SINGA's form; epsilon inside the square root)::
+
+        s = s + g^2
+        p = p - lr * g / sqrt(s + epsilon)
+    """
+
+    _rule = staticmethod(_adagrad_rule)
+    _slot_kinds = ("history",)
+
+    def __init__(self, lr: Any = 0.1, epsilon: Any = 1e-8, weight_decay: Any = 0):
+        super().__init__(lr)
+        self._init_hypers(weight_decay=weight_decay, epsilon=epsilon)
+        self.history = self._slot_dict("history")
+
+
+class Adam(Optimizer):
+    """Adam (bias-corrected; the same rule as PyTorch's ``Adam`` with L2 weight decay)::
+
+        m = beta_1 * m + (1 - beta_1) * g
+        v = beta_2 * v + (1 - beta_2) * g^2
+        t = step_counter + 1
+        p = p - lr * (m / (1 - beta_1^t)) / (sqrt(v / (1 - beta_2^t)) + epsilon)
+    """
+
+    _rule = staticmethod(_adam_rule)
+    _slot_kinds = ("m", "v")
+
+    def __init__(self, lr: Any = 0.1, beta_1: Any = 0.9, beta_2: Any = 0.999,
+                 epsilon: Any = 1e-8, weight_decay: Any = 0):
+        super().__init__(lr)
+        self._init_hypers(weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2,
+                          epsilon=epsilon)
+        self.m = self._slot_dict("m")
+        self.v = self._slot_dict("v")

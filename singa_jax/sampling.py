@@ -1,0 +1,94 @@
+"""Random sampling behind SINGA's random fills (``Tensor.bernoulli/gaussian/uniform``,
+``tensor.random`` and the initializers built on them).
+
+It works on arrays and keys only and imports nothing from :mod:`singa_jax.tensor`, so the Tensor
+methods can use it without an import cycle. Every fill passes a fresh key from
+``device.next_key()``, so ``device.SetRandSeed`` makes the fills reproducible.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, Dict, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .dtypes import float32, float64
+
+__all__ = ["SAMPLE_KINDS", "check_params", "draw"]
+
+
+def _check_probability(op: str, p: float) -> None:
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{op}: p must be in [0, 1], got {p}")
+
+
+def _check_std(op: str, mean: float, std: float) -> None:
+    if std < 0:
+        raise ValueError(f"{op}: std must be non-negative, got {std}")
+
+
+def _check_bounds(op: str, low: float, high: float) -> None:
+    if low > high:
+        raise ValueError(f"{op}: low ({low}) must not exceed high ({high})")
+
+
+# kind -> (sampler(key, shape, dtype, *params), parameter check(op, *params))
+_SAMPLERS: Dict[str, Tuple[Callable, Callable]] = {
+    "bernoulli": (lambda key, shape, dt, p: jax.random.bernoulli(key, p, shape),
+                  _check_probability),
+    "gaussian": (lambda key, shape, dt, mean, std: mean + std * jax.random.normal(key, shape, dt),
+                 _check_std),
+    "uniform": (lambda key, shape, dt, low, high: jax.random.uniform(key, shape, dt, low, high),
+                _check_bounds),
+}
+SAMPLE_KINDS: Tuple[str, ...] = tuple(_SAMPLERS)  # ("bernoulli", "gaussian", "uniform")
+
+_DRAW_CHUNK = 1 << 16  # samples per compiled draw
+
+
+def check_params(kind: str, params: Sequence[float]) -> None:
+    """Raise ValueError naming ``kind`` unless ``params`` suit it: ``(p,)`` with p in [0, 1] for
+    bernoulli, ``(mean, std)`` with std >= 0 for gaussian, ``(low, high)`` with low <= high for
+    uniform."""
+    if kind not in _SAMPLERS:
+        raise ValueError(f"unknown sample kind {kind!r}; expected one of {SAMPLE_KINDS}")
+    _SAMPLERS[kind][1](kind, *params)
+
+
+def draw(kind: str, key: jax.Array, params: Sequence[float], shape: Tuple[int, ...],
+         dtype: np.dtype) -> jax.Array:
+    """Samples of ``kind`` (one of :data:`SAMPLE_KINDS`) in ``shape`` and ``dtype``, drawn with
+    ``key``; ``params`` are ``(p,)``, ``(mean, std)`` or ``(low, high)`` (checked first, see
+    :func:`check_params`)."""
+    check_params(kind, params)
+    return _draw(key, tuple(float(p) for p in params), kind, tuple(shape), dtype)
+
+
+def _draw(key: jax.Array, params: Tuple[float, ...], kind: str, shape: Tuple[int, ...],
+          dtype: np.dtype) -> jax.Array:
+    """Samples of ``kind`` in ``shape`` and ``dtype``.
+
+    XLA compiles the random-bit generator anew for every shape (about 0.5 s on a CPU, whatever
+    the size), which costs far more than drawing: samples are therefore always drawn in chunks
+    of ``_DRAW_CHUNK`` by ONE compiled program per kind and dtype (chunk i from
+    ``fold_in(key, i)``), concatenated and cut to size — a prefix of i.i.d. samples is i.i.d.
+    """
+    size = math.prod(shape)
+    # float32 samples for every dtype but float64 (converted after), so dtypes share programs
+    sample_dtype = float64 if dtype == float64 else float32
+    chunks = max(1, -(-size // _DRAW_CHUNK))
+    keys = [key] if chunks == 1 else [jax.random.fold_in(key, i) for i in range(chunks)]
+    parts = [_draw_flat(k, params, kind=kind, count=_DRAW_CHUNK, dtype=sample_dtype)
+             for k in keys]
+    flat = parts[0] if chunks == 1 else jnp.concatenate(parts)
+    return flat[:size].reshape(shape).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "count", "dtype"))
+def _draw_flat(key: jax.Array, params: Tuple[float, ...], *, kind: str, count: int,
+               dtype: np.dtype) -> jax.Array:
+    # parameter values are traced, so changing them does not recompile
+    return _SAMPLERS[kind][0](key, (count,), dtype, *params).astype(dtype)
