@@ -1,4 +1,46 @@
-"""singa_jax: Apache SINGA's Python API on JAX (CPU, GPU and TPU through XLA)."""
+"""singa_jax: Apache SINGA's Python API on JAX (CPU, GPU and TPU through XLA).
+
+Importing singa_jax turns on JAX's persistent compilation cache in a user cache folder
+(``$XDG_CACHE_HOME/singa_jax/xla``, by default ``~/.cache/singa_jax/xla``), so a second run of
+the same program loads its compiled steps instead of compiling them again (see
+docs/performance.md). ``SINGA_JAX_COMPILATION_CACHE=0`` turns this off, any other value names the
+folder; a cache folder already chosen for JAX (``JAX_COMPILATION_CACHE_DIR``) is left alone. Only
+JAX's configuration is touched: no backend is started at import.
+"""
+import os as _os
+
+import jax as _jax
+
+COMPILATION_CACHE_ENV = "SINGA_JAX_COMPILATION_CACHE"
+
+
+def _compilation_cache_folder() -> "str | None":
+    """The folder for JAX's persistent compilation cache, or None to leave JAX's setting."""
+    setting = _os.environ.get(COMPILATION_CACHE_ENV, "").strip()
+    if setting.lower() in ("0", "false", "off", "no"):
+        return None
+    if _jax.config.jax_compilation_cache_dir:  # the user (or JAX_COMPILATION_CACHE_DIR) chose
+        return None
+    if setting and setting.lower() not in ("1", "true", "on", "yes"):
+        return setting
+    base = _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache")
+    return _os.path.join(base, "singa_jax", "xla")
+
+
+def _use_compilation_cache() -> None:
+    folder = _compilation_cache_folder()
+    if folder is None:
+        return
+    try:
+        _os.makedirs(folder, exist_ok=True)
+    except OSError:  # a read-only home: run without the cache rather than fail at import
+        return
+    _jax.config.update("jax_compilation_cache_dir", folder)
+
+
+_use_compilation_cache()
+
 from . import device, tensor, autograd  # noqa: F401
+from .run import install_as_singa  # noqa: F401
 
 __version__ = "0.1.0"

@@ -128,6 +128,19 @@ def _index_stats(idx: jax.Array, size: int, require_integers: bool):
     return ok, jnp.min(idx), jnp.max(idx), whole
 
 
+def _host_index_stats(idx: np.ndarray, size: int, require_integers: bool):
+    """:func:`_index_stats` on the host (NumPy), for concrete indices."""
+    if np.issubdtype(idx.dtype, np.integer):
+        used, whole = idx, True
+    else:
+        with np.errstate(invalid="ignore"):
+            used = np.trunc(idx)
+        whole = bool(np.all(idx == used))
+    with np.errstate(invalid="ignore"):  # NaN compares False: out of range
+        ok = bool(np.all(used >= 0) and np.all(used < size))
+    return ok and (whole or not require_integers), idx.min(), idx.max(), whole
+
+
 def _escape(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
@@ -145,7 +158,10 @@ def check_indices(op: str, what: str, idx: jax.Array, size: int, context: str,
         return
     if not (jnp.issubdtype(idx.dtype, jnp.integer) or jnp.issubdtype(idx.dtype, jnp.floating)):
         raise TypeError(f"{op}: {what} must be integers or floats, got dtype {idx.dtype}")
-    ok, lo, hi, whole = _index_stats(idx, int(size), bool(require_integers))
+    if _is_tracer(idx):  # graph mode: a small kernel in the program, checked at its end
+        ok, lo, hi, whole = _index_stats(idx, int(size), bool(require_integers))
+    else:  # eager: indices are few, and reading them avoids a kernel launch and a device sync
+        ok, lo, hi, whole = _host_index_stats(np.asarray(idx), int(size), require_integers)
     kind = "integers in" if require_integers else "in"
     message = (_escape(f"{op}: {what} must be {kind} [0, {size}) ({context}); got {what} of "
                        f"shape {tuple(idx.shape)}, dtype {idx.dtype}, with values in ")

@@ -48,13 +48,14 @@ What is not allowed
 from __future__ import annotations
 
 import operator
+import sys
 import time
 import types
 import warnings
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import jax
 import jax.extend.core as jex_core
@@ -65,7 +66,7 @@ from .autograd.engine import Dummy
 from .modes import TraceHook, current_trace_hook, trace_hook
 from .tensor import Tensor
 
-__all__ = ["GraphRunner", "GraphModeError", "tensors_in"]
+__all__ = ["GraphRunner", "GraphModeError", "tensors_in", "compile_options"]
 
 # Errors JAX raises when Python code asks for the concrete value of a traced array.
 _CONCRETE_VALUE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
@@ -83,6 +84,49 @@ _ONE_OFFS_BEFORE_WARNING = 5
 # compiled without the backend's expensive optimisations: compiling is then most of its cost.
 _ONE_OFF_OPTIONS = {"xla_backend_optimization_level": 0,
                     "xla_llvm_disable_expensive_passes": True}
+
+
+# XLA:CPU turns convolutions into YNNPACK fusions that are 2-3x slower than its Eigen
+# convolutions on the CPUs measured (LeNet's conv2 forward 4.2 vs 1.7 ms, its weight gradient 5.7
+# vs 1.8 ms; see docs/performance.md). An empty fusion type turns them off. CPU only; a jaxlib
+# that does not know the option gets none (_compile_with_options).
+_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+# Options a backend rejected ("No such compile option"), so they are not tried again.
+_REJECTED_OPTIONS: set = set()
+
+
+def compile_options(platform: str, one_off: bool = False) -> Dict[str, Any]:
+    """The XLA options graph mode compiles a step with on ``platform`` ('cpu', 'gpu', 'tpu'):
+    the CPU options above (never on another backend), plus cheap-compile options for a
+    program that runs once. Options a backend has rejected before are left out."""
+    options = dict(_CPU_OPTIONS) if platform == "cpu" else {}
+    if one_off:
+        options.update(_ONE_OFF_OPTIONS)
+    return {k: v for k, v in options.items() if (platform, k) not in _REJECTED_OPTIONS}
+
+
+def _compile_with_options(compile_fn: Callable[[Optional[Dict[str, Any]]], Any], platform: str,
+                          one_off: bool) -> Any:
+    """``compile_fn(options)``; an option the installed jaxlib does not know (an experimental
+    flag renamed or removed) is dropped, remembered and the compile retried without it."""
+    while True:
+        options = compile_options(platform, one_off)
+        try:
+            return compile_fn(options or None)
+        except jax.errors.JaxRuntimeError as e:
+            rejected = [k for k in options if k in str(e)]
+            if "compile option" not in str(e) or not rejected:
+                raise
+            _REJECTED_OPTIONS.update((platform, k) for k in rejected)
+
+
+def _platform_of(arrays: Sequence[Any]) -> str:
+    """The platform the step's arrays live on (the default backend's for a step without any)."""
+    for a in arrays:
+        if isinstance(a, jax.Array) and not _is_tracer(a):
+            return next(iter(a.devices())).platform
+    return jax.default_backend()
 
 
 class GraphModeError(TypeError):
@@ -127,29 +171,41 @@ _OPAQUE = (type, types.FunctionType, types.MethodType, types.ModuleType, device_
 # --- the trace hook -------------------------------------------------------------------------
 class _Recorder(TraceHook):
     """Learns, during one trace, which Tensors outside the declared inputs the step touches and
-    which Tensors it creates."""
+    which Tensors it creates: for each created one its value at birth (the array it was built
+    over) and whether the step first read or first wrote it after that; for each undeclared one
+    it writes, the value it had before the step."""
 
     def __init__(self, known: Sequence[Tensor]):
         self.known_ids = {id(t) for t in known}
         self.created_refs: List[weakref.ref] = []
         self.created_ids: set = set()
+        self.births: Dict[int, Any] = {}         # id -> array the created Tensor was built over
+        self.first_access: Dict[int, str] = {}   # id -> "read" | "write", for created Tensors
         self.undeclared_read: Dict[int, Tensor] = {}
         self.undeclared_written: Dict[int, Tensor] = {}
-
-    def _outside(self, t: Tensor) -> bool:
-        return id(t) not in self.known_ids and id(t) not in self.created_ids
+        self.written_originals: Dict[int, Any] = {}  # id -> array before the step's first write
 
     def read(self, t: Tensor) -> None:
-        if self._outside(t):
-            self.undeclared_read[id(t)] = t
+        i = id(t)
+        if i in self.created_ids:
+            self.first_access.setdefault(i, "read")
+        elif i not in self.known_ids:
+            self.undeclared_read[i] = t
 
     def write(self, t: Tensor) -> None:
-        if self._outside(t):
-            self.undeclared_written[id(t)] = t
+        i = id(t)
+        if i in self.created_ids:
+            self.first_access.setdefault(i, "write")
+        elif i not in self.known_ids:
+            self.undeclared_written[i] = t
+            self.written_originals.setdefault(i, t._data)  # called before the rebinding
 
     def created(self, t: Tensor) -> None:
+        i = id(t)  # may be the id of a freed temporary: the newest Tensor owns it now
         self.created_refs.append(weakref.ref(t))
-        self.created_ids.add(id(t))
+        self.created_ids.add(i)
+        self.births[i] = t._data
+        self.first_access.pop(i, None)
 
     def alive_created(self, exclude_ids: set) -> List[Tensor]:
         """Tensors created while recording that something still references (not ``exclude_ids``)."""
@@ -236,6 +292,7 @@ class _Program:
     result_kinds: List[Tuple]        # per result leaf: ("T", attributes) | ("A",) | ("S", value)
     cacheable: bool                  # False when the trace revealed state it did not take as input
     where: str                       # "Model.method", for messages
+    state_ids: frozenset = frozenset()  # ids of the state Tensors it was traced over
     checked: bool = False            # outputs verified free of tracers (first run)
 
 
@@ -252,6 +309,7 @@ class GraphRunner:
         self.programs: Dict[Hashable, _Program] = {}
         self._discovered: List[weakref.ref] = []  # state found by the recorder (weakly held)
         self.trace_count = 0
+        self.compile_count = 0  # XLA compilations of whole steps (one per signature, normally)
         self.last_compile_seconds = 0.0
         self._declared_ids: Tuple[Any, Tuple[int, ...]] = (None, ())
         self._last: Tuple[Any, Any] = (None, None)  # (key, program) of the last compiled call
@@ -285,6 +343,10 @@ class GraphRunner:
         last_key, prog = self._last
         if key != last_key:  # comparing with the last call's key is cheaper than hashing it
             prog = self.programs.get(key)
+        state = None
+        if prog is None and self.programs:
+            state = self._state_list(declared_state)
+            prog = self._rekeyed(key, state)
         if prog is not None:
             result = self._execute(prog, arrays)
             if result is not _INPUTS_CHANGED:
@@ -292,7 +354,8 @@ class GraphRunner:
                 return result
             self.programs.pop(key, None)
             self._last = (None, None)
-        state = self._state_list(declared_state)
+        if state is None:
+            state = self._state_list(declared_state)
         prog = self._trace(fn, f"{self.owner_name}.{name}", leaves, arg_tree, arrays, state,
                            device_mod.all_devices())
         if prog.cacheable:
@@ -307,6 +370,18 @@ class GraphRunner:
         else:
             self._count_one_off(name, prog)
         return self._execute(prog, arrays)
+
+    def _rekeyed(self, key: Tuple, state: List[Tensor]) -> Any:
+        """A program of the same call traced over exactly the tensors of ``state``, filed under
+        ``key`` instead of its old key (the state a first trace discovered, say an optimizer's
+        new slots, is declared by the caller from the next call on: same program, new key)."""
+        ids = frozenset(map(id, state))
+        for old_key, prog in list(self.programs.items()):
+            if old_key[:4] == key[:4] and old_key[5:] == key[5:] and prog.state_ids == ids:
+                del self.programs[old_key]
+                self.programs[key] = prog
+                return prog
+        return None
 
     def _count_one_off(self, name: str, prog: _Program) -> None:
         """Warn (once per method) when every trace keeps meeting new state: then every call
@@ -352,18 +427,29 @@ class GraphRunner:
 
     # -- tracing -----------------------------------------------------------------------------
     def _trace(self, fn: Callable, where: str, leaves: Sequence[Any], arg_tree,
-               batch_arrays: list, state: List[Tensor], devices: Sequence[device_mod.Device]
-               ) -> _Program:
+               batch_arrays: list, state: List[Tensor], devices: Sequence[device_mod.Device],
+               first: bool = True) -> _Program:
+        """Trace the step over ``state`` and compile the program that is kept.
+
+        When the trace meets new state (``first`` trace only) and every Tensor the step created
+        and keeps is state whose value at birth is a constant that the step reads before it
+        writes it (an optimizer's slot created as zeros), the step is traced once more with
+        those Tensors holding their birth values as inputs: that program computes this call
+        exactly too, so it is compiled once and kept. Otherwise (a parameter built inside the
+        step, a Tensor first written after its creation) the first program computes this call
+        alone, as a quickly compiled one-off, and the next call retraces."""
         self.trace_count += 1
-        originals = [t.data for t in state]
+        originals = [t.array for t in state]
         original_keys = [d.key for d in devices]
         recorder = _Recorder(state)
         record: Dict[str, Any] = {}
         state_ids = {id(t) for t in state}
+        spmd = self.spmd
+        with_births = first and spmd is None  # DistOpt's SPMD step takes the one-off path
 
         def step(state_arrays, keys, batch_arrays):
             for t, a in zip(state, state_arrays):
-                t.data = a
+                t.array = a
             for d, k in zip(devices, keys):
                 d.key = k
             call_leaves = _rebuild_leaves(leaves, batch_arrays)
@@ -382,37 +468,33 @@ class GraphRunner:
             alive = recorder.alive_created(state_ids)
             written_ids = {id(t) for t in written}
             extra = written + [t for t in alive if id(t) not in written_ids]
-            rewritten = ([t.data is not a for t, a in zip(state, state_arrays)] +
+            rewritten = ([t.array is not a for t, a in zip(state, state_arrays)] +
                          [d.key is not k for d, k in zip(devices, keys)])
             record.update(tree=res_tree, kinds=kinds, extra=extra, rewritten=rewritten,
-                          read=list(recorder.undeclared_read.values()))
-            return ([t.data for t in state], [d.key for d in devices],
-                    [t.data for t in extra], res_arrays)
+                          read=list(recorder.undeclared_read.values()), alive=alive)
+            outputs = ([t.array for t in state], [d.key for d in devices],
+                       [t.array for t in extra], res_arrays)
+            if not with_births:
+                return outputs
+            # the birth values of the kept new Tensors, last (never part of a compiled program)
+            return outputs + ([recorder.births[id(t)] for t in alive],)
 
         start = time.perf_counter()
         try:
-            # Trace once, then compile a program that takes only the state the step uses and
-            # returns only the state it rewrites (see _Layout).
-            spmd = self.spmd
             if spmd is None:
                 closed = jax.jit(step).trace(originals, original_keys, batch_arrays).jaxpr
             else:
                 closed = spmd.trace(step, where, state, originals, original_keys, batch_arrays)
-            layout = _Layout(closed, record["rewritten"], len(state), len(devices),
-                             len(record["extra"]))
-            arrays = [*originals, *original_keys]
+            alive = record["alive"]
             new_state = [t for t in record["read"] if id(t) not in state_ids] + record["extra"]
-            options = _ONE_OFF_OPTIONS if new_state else None
-            donated_arrays = [arrays[i] for i in layout.donated]
-            read_arrays = [arrays[i] for i in layout.read]
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
-                if spmd is None:
-                    compiled = jax.jit(layout.program, donate_argnums=0).lower(
-                        donated_arrays, read_arrays, batch_arrays).compile(options)
-                else:
-                    compiled = spmd.compile(layout.program, donated_arrays, read_arrays,
-                                            batch_arrays, options)
+            births = None
+            if new_state and with_births:
+                births = _birth_values(closed, recorder, alive)
+            if births is None:
+                layout = _Layout(closed, record["rewritten"], len(state), len(devices),
+                                 len(record["extra"]), len(alive) if with_births else 0)
+                compiled = self._compile(layout, spmd, [*originals, *original_keys],
+                                         batch_arrays, one_off=bool(new_state))
         except _CONCRETE_VALUE_ERRORS as e:
             self._undo_trace(state, originals, devices, original_keys, recorder)
             raise GraphModeError(
@@ -424,9 +506,24 @@ class GraphRunner:
         except BaseException:
             self._undo_trace(state, originals, devices, original_keys, recorder)
             raise
-        self.last_compile_seconds = time.perf_counter() - start
         # Tensors now hold tracers; restore the inputs (the run writes the new values back).
         _restore(state, originals, devices, original_keys)
+        if births is not None:
+            # Give the new state its value from before this step (birth values for the new
+            # Tensors, the current value for undeclared ones the step wrote) and trace again
+            # with all of it as input: the program kept from then on serves this call too.
+            for t in record["extra"]:
+                original = recorder.written_originals.get(id(t))
+                if original is not None:
+                    t._data = original
+            for t, b in zip(alive, births):
+                t._data = b
+                _detach(t)
+            self._discover(new_state)
+            full = list({id(t): t for t in [*state, *self.discovered]}.values())
+            return self._trace(fn, where, leaves, arg_tree, batch_arrays, full, devices,
+                               first=False)
+        self.last_compile_seconds = time.perf_counter() - start
         self._discover(new_state)
         donated, donated_devices = layout.pick(layout.donated, state, devices)
         read, read_devices = layout.pick(layout.read, state, devices)
@@ -435,15 +532,33 @@ class GraphRunner:
                         read=read, read_devices=read_devices, written=written,
                         written_devices=written_devices, extra_out=record["extra"],
                         result_tree=record["tree"], result_kinds=record["kinds"],
-                        cacheable=not new_state, where=where)
+                        cacheable=not new_state, where=where,
+                        state_ids=frozenset(state_ids))
+
+    def _compile(self, layout: "_Layout", spmd: Any, holders: list, batch_arrays: list,
+                 one_off: bool) -> Any:
+        """Compile the trimmed program with this backend's options (see _compile_options)."""
+        self.compile_count += 1
+        donated_arrays = [holders[i] for i in layout.donated]
+        read_arrays = [holders[i] for i in layout.read]
+        platform = _platform_of(holders + batch_arrays)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
+            if spmd is None:
+                lowered = jax.jit(layout.program, donate_argnums=0).lower(
+                    donated_arrays, read_arrays, batch_arrays)
+                return _compile_with_options(lowered.compile, platform, one_off)
+            return _compile_with_options(
+                lambda options: spmd.compile(layout.program, donated_arrays, read_arrays,
+                                             batch_arrays, options), platform, one_off)
 
     @staticmethod
     def _undo_trace(state, originals, devices, original_keys, recorder: _Recorder) -> None:
         """After a failed trace: no Tensor the user can see may keep a tracer."""
         _restore(state, originals, devices, original_keys)
         for t in list(recorder.undeclared_written.values()) + recorder.alive_created(set()):
-            if _is_tracer(t.data):  # value was never computed: fall back to zeros
-                t.data = jax.numpy.zeros(t.shape, t.dtype)
+            if _is_tracer(t.array):  # value was never computed: fall back to zeros
+                t.array = jax.numpy.zeros(t.shape, t.dtype)
 
     # -- running -----------------------------------------------------------------------------
     def _execute(self, prog: _Program, batch: list) -> Any:
@@ -452,6 +567,7 @@ class GraphRunner:
         if prog.donated_devices:
             donated += map(_key_of, prog.donated_devices)
         read = [*map(_array_of, prog.read), *map(_key_of, prog.read_devices)]
+        _copy_shared(donated)
         _unalias(donated, read + batch, id)
         try:
             outputs = prog.compiled(donated, read, batch)
@@ -471,7 +587,7 @@ class GraphRunner:
         for d, k in zip(prog.written_devices, new_keys):
             d.key = k
         for t, a in zip(prog.extra_out, extra):
-            t.data = a
+            t.array = a
             _detach(t)
         if not prog.checked:  # outputs of a compiled program are concrete; check the first run
             _assert_no_tracers(prog)
@@ -492,12 +608,12 @@ class _Layout:
     does not rewrite would free an array the Tensor still holds."""
 
     def __init__(self, closed, rewritten: List[bool], n_state: int, n_devices: int,
-                 n_extra: int):
+                 n_extra: int, n_births: int = 0):
         jaxpr = closed.jaxpr
         n_holders = n_state + n_devices
         outvars = jaxpr.outvars
         kept_out = [i for i in range(n_holders) if rewritten[i]]
-        kept_out += range(n_holders, len(outvars))
+        kept_out += range(n_holders, len(outvars) - n_births)  # births: never outputs
         used = {v for eqn in jaxpr.eqns for v in eqn.invars if isinstance(v, jex_core.Var)}
         used.update(outvars[i] for i in kept_out if isinstance(outvars[i], jex_core.Var))
         is_used = [v in used for v in jaxpr.invars[:n_holders]]
@@ -531,11 +647,55 @@ class _Layout:
         return outs[:n_s], outs[n_s:n_w], outs[n_w:n_e], outs[n_e:]
 
 
+def _birth_values(closed, recorder: _Recorder, alive: List[Tensor]) -> Optional[list]:
+    """Concrete birth values of the new Tensors a trace kept (the last outputs of ``closed``),
+    or None when the trace's program alone computes this call exactly: a kept new Tensor is a
+    parameter (built inside the step from the device's key), was first WRITTEN after its birth
+    (its birth value is not what the step used), or was born from the step's inputs."""
+    for t in alive:
+        if t.stores_grad or recorder.first_access.get(id(t), "read") != "read":
+            return None
+    jaxpr = closed.jaxpr
+    outvars = jaxpr.outvars[len(jaxpr.outvars) - len(alive):]
+    producer = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
+    env = dict(zip(jaxpr.constvars, closed.consts))
+    inputs = set(jaxpr.invars)
+
+    def value(v):
+        if isinstance(v, jex_core.Literal):
+            return v.val
+        if v in env:
+            return env[v]
+        if v in inputs:
+            raise _BornFromInputs
+        eqn = producer[v]
+        operands = [value(x) for x in eqn.invars]
+        if eqn.primitive.name == "broadcast_in_dim" and np.ndim(operands[0]) == 0:
+            # the usual birth (zeros, ones, a fill): built on the host, no kernel compiled
+            outs = [np.full(eqn.params["shape"], operands[0], v.aval.dtype)]
+        else:
+            outs = eqn.primitive.bind(*operands, **eqn.primitive.get_bind_params(eqn.params))
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        env.update(zip(eqn.outvars, outs))
+        return env[v]
+
+    try:
+        values = [value(v) for v in outvars]
+    except _BornFromInputs:
+        return None
+    return [t.device.put(np.asarray(b) if isinstance(b, np.ndarray) else b)
+            for t, b in zip(alive, values)]
+
+
+class _BornFromInputs(Exception):
+    """A new Tensor's birth value depends on the step's inputs (see _birth_values)."""
+
+
 def _restore(state: List[Tensor], arrays: list, devices: List[device_mod.Device],
              keys: list) -> None:
     """Put the pre-trace values back into the state Tensors and the devices' keys."""
     for t, a in zip(state, arrays):
-        t.data = a
+        t.array = a
     for d, k in zip(devices, keys):
         d.key = k
 
@@ -563,7 +723,7 @@ def _result_outputs(res_leaves: list) -> Tuple[List[Tuple], list]:
     kinds, arrays = [], []
     for r in res_leaves:
         if isinstance(r, Tensor):
-            arrays.append(r.data)
+            arrays.append(r.array)
             # every attribute of the traced result except its value and its traced graph (a
             # Tensor without a creator gets its Dummy when first asked, see Tensor.__getattr__)
             template = {k: v for k, v in vars(r).items() if k not in ("_data", "creator")}
@@ -608,6 +768,17 @@ def _unalias(donated: list, others: list, buffer_id: Callable) -> bool:
     return True
 
 
+def _copy_shared(donated: list) -> None:
+    """Donating a buffer deletes its array, so donate only arrays nothing else holds: an array
+    also held by another Tensor (``set_states`` from the user's tensors, ``Tensor(data=p.array)``)
+    or by the user (``w = p.array``) is copied first, and theirs stays valid. Python's reference
+    count tells: the list slot, the owner (``Tensor._data`` or ``Device.key``) and getrefcount's
+    own argument make 3."""
+    for i in range(len(donated)):
+        if sys.getrefcount(donated[i]) > 3:
+            donated[i] = donated[i].copy()
+
+
 def _avals(tree: Any) -> list:
     """(shape, dtype) of every leaf of ``tree`` (arrays or a compiled program's args_info)."""
     return [(tuple(x.shape), np.dtype(x.dtype)) for x in jax.tree_util.tree_leaves(tree)]
@@ -632,7 +803,7 @@ def _detach(t: Tensor) -> None:
 
 
 def _assert_no_tracers(prog: _Program) -> None:
-    leaked = [t.name for t in prog.written + prog.extra_out if _is_tracer(t.data)]
+    leaked = [t.name for t in prog.written + prog.extra_out if _is_tracer(t.array)]
     leaked += [repr(d) for d in prog.written_devices if _is_tracer(d.key)]
     if leaked:
         raise RuntimeError(f"graph mode: {prog.where} left traced values in {leaked}; this is a "

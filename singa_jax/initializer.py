@@ -69,7 +69,7 @@ def eye(t: Tensor) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"initializer.eye: expected a Tensor, got {type(t).__name__}")
     _require_matrix("eye", t)
-    t.data = t.device.put(jnp.eye(t.shape[0], t.shape[1], dtype=t.dtype))
+    t.array = t.device.put(jnp.eye(t.shape[0], t.shape[1], dtype=t.dtype))
 
 
 def orthogonal(t: Tensor, gain: float = 1.0) -> None:
@@ -80,7 +80,7 @@ def orthogonal(t: Tensor, gain: float = 1.0) -> None:
     a = jax.random.normal(t.device.next_key(), t.shape, jnp.float32)
     u, _, vt = jnp.linalg.svd(a, full_matrices=False)
     q = u if u.shape == t.shape else vt
-    t.data = t.device.put((q * gain).astype(t.dtype))
+    t.array = t.device.put((q * gain).astype(t.dtype))
 
 
 def _compute_fans(shape: Tuple[int, ...]) -> Tuple[float, float]:

@@ -28,13 +28,19 @@ into one ``jax.jit`` program; otherwise every operator runs eagerly. Both give t
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from functools import wraps
 from types import MethodType
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import autograd, checkpoint, opt
+import jax
+import numpy as np
+
+from . import autograd, checkpoint, modes, opt
+from . import device as device_mod
 from .graph import GraphRunner, tensors_in
-from .layer.base import Layer, LayerMeta
+from .layer.base import Layer, LayerMeta, concrete_initialization
 from .opt.dist import spmd_of
 from .tensor import Tensor, from_numpy
 
@@ -122,7 +128,7 @@ class Model(Layer, metaclass=ModelMeta):
         prev = autograd.training
         autograd.training = False
         try:
-            self.forward(*inputs)
+            _initialize(self, inputs)
         finally:
             autograd.training = prev
         self.train(is_train)
@@ -236,3 +242,196 @@ class Model(Layer, metaclass=ModelMeta):
         checkpoint.check_against(type(self).__name__, self.get_states(), model_states, fpath)
         self.set_states(model_states)
         return {k: from_numpy(v) for k, v in aux.items()}
+
+    # --- JAX interop: the model as a pure function (see docs/jax_interop.md) ---------------------
+    def functional(self) -> Tuple[Callable[..., Tuple[Any, Dict[str, Any]]],
+                                  Dict[str, jax.Array], Dict[str, jax.Array]]:
+        """``apply, params, state = m.functional()``: this model as a pure JAX function.
+
+        ``params`` (trainable parameters) and ``state`` (buffers such as batch-norm running
+        statistics) are dicts of the current ``jax.Array``s keyed by SINGA's names (those of
+        :meth:`get_params` / :meth:`get_states`). ``apply(params, state, *inputs,
+        training=False, key=None) -> (outputs, new_state)`` runs :meth:`forward` on the given
+        values (the model's own tensors are untouched) and returns its outputs as arrays and
+        the state it leaves; ``key`` is the PRNG key of dropout and other random draws (an error
+        names it when a call needs one). ``jax.jit``, ``jax.grad``, ``jax.vmap``,
+        ``jax.checkpoint`` and sharded inputs work over it; :meth:`load_functional` writes
+        trained values back. The model must be initialised (called once, or compiled).
+        """
+        return _functional(self)
+
+    def load_functional(self, params: Dict[str, Any], state: Optional[Dict[str, Any]] = None
+                        ) -> None:
+        """Write ``params`` (and ``state``) -- arrays keyed by SINGA's names, as
+        :meth:`functional` gives them -- into this model's tensors; every name and shape is
+        checked before anything changes."""
+        self.set_states({**params, **(state or {})})
+
+
+# --- compile()'s initialisation -------------------------------------------------------------------
+def _initialize(model: "Model", inputs: Sequence[Tensor]) -> None:
+    """Run ``forward`` on the placeholders to create every parameter, as SINGA's compile() does.
+
+    The forward is traced on shapes only (``jax.eval_shape``: no kernel of it is compiled or
+    run) while each layer it initialises computes its parameters concretely, drawing from the
+    device keys in the same order as an eager forward, so the values are the same for a seed.
+    A forward that needs its inputs' values, or that leaves a traced value in the model, runs
+    eagerly instead, from the same keys."""
+    devices = device_mod.all_devices()
+    keys = [d.key for d in devices]
+
+    def forward(*arrays):
+        xs = [Tensor(data=a, device=x.device, requires_grad=x.requires_grad,
+                     stores_grad=x.stores_grad, name=x.name) for a, x in zip(arrays, inputs)]
+        with concrete_initialization():
+            model.forward(*xs)
+
+    try:
+        jax.eval_shape(forward, *[x.array for x in inputs])
+        traced = [t for t in tensors_in(model) if isinstance(t.array, jax.core.Tracer)]
+        if not traced and not any(isinstance(d.key, jax.core.Tracer) for d in devices):
+            return
+    except Exception:  # noqa: BLE001 -- the eager forward below raises any real error clearly
+        pass
+    for d, k in zip(devices, keys):
+        d.key = k
+    for layer in _layer_tree(model):
+        layer.__dict__["_initialized"] = False
+    model.forward(*inputs)
+
+
+def _layer_tree(root: Layer) -> List[Layer]:
+    """``root`` and every layer registered below it."""
+    found, stack, seen = [], [root], set()
+    while stack:
+        layer = stack.pop()
+        if id(layer) not in seen:
+            seen.add(id(layer))
+            found.append(layer)
+            stack.extend(layer.__dict__.get("_layers", {}).values())
+    return found
+
+
+# --- the model as a pure function ------------------------------------------------------------------
+def _functional(model: Layer) -> Tuple[Callable[..., Tuple[Any, Dict[str, Any]]],
+                                       Dict[str, jax.Array], Dict[str, jax.Array]]:
+    """:meth:`Model.functional` for any initialised Layer."""
+    owner = f"{type(model).__name__}.functional"
+    if not model.__dict__.get("_initialized", False):
+        raise RuntimeError(f"{owner}: the model is not initialised yet (its parameters are "
+                           f"created by the first call); call it once or compile() it first")
+    param_tensors = model.get_params()
+    state_tensors = {k: t for k, t in model.get_states().items() if k not in param_tensors}
+    bound = {**param_tensors, **state_tensors}
+    home = next(iter(bound.values())).device if bound else device_mod.get_default_device()
+    lock = threading.RLock()  # calls of this apply from several threads take turns
+
+    def apply(params: Dict[str, Any], state: Dict[str, Any], *inputs: Any,
+              training: bool = False, key: Optional[jax.Array] = None
+              ) -> Tuple[Any, Dict[str, Any]]:
+        values = {**_checked_values(owner, "params", params, param_tensors),
+                  **_checked_values(owner, "state", state, state_tensors)}
+        with lock, modes.trace_hook(None), modes.training_mode(training), modes.no_grad():
+            version = model.structure_version
+            with _bound_arrays(bound, values), _bound_keys(key) as drew:
+                args = jax.tree_util.tree_map(lambda v: _as_input(v, home), inputs,
+                                              is_leaf=_is_tensor)
+                out = model.forward(*args)
+                outputs = jax.tree_util.tree_map(_as_output, out, is_leaf=_is_tensor)
+                new_state = {k: t.array for k, t in state_tensors.items()}
+            if model.structure_version != version:
+                _clear_traced_tensors(owner, model)
+        if drew[0] and key is None:
+            raise ValueError(f"{owner}: apply drew random numbers (dropout or another random "
+                             f"op, training={training}) but no key was given; pass "
+                             f"key=jax.random.key(...) (apply is pure, so it does not advance "
+                             f"the device's key)")
+        return outputs, new_state
+
+    params = {k: t.array for k, t in param_tensors.items()}
+    state = {k: t.array for k, t in state_tensors.items()}
+    return apply, params, state
+
+
+def _is_tensor(v: Any) -> bool:
+    return isinstance(v, Tensor)
+
+
+def _as_input(v: Any, device: Any) -> Any:
+    """An input leaf of ``apply`` as the model sees it: arrays become Tensors (no copy)."""
+    if isinstance(v, (jax.Array, jax.core.Tracer, np.ndarray)):
+        return Tensor(data=v, device=device, requires_grad=False)
+    return v
+
+
+def _as_output(v: Any) -> Any:
+    return v.array if isinstance(v, Tensor) else v
+
+
+def _checked_values(owner: str, what: str, values: Any, tensors: Dict[str, Tensor]
+                    ) -> Dict[str, Any]:
+    """``values`` must name exactly ``tensors`` with the same shapes (checked before binding)."""
+    if not isinstance(values, dict):
+        raise TypeError(f"{owner}: apply's {what} must be a dict {{name: array}}, got "
+                        f"{type(values).__name__}")
+    missing, unknown = sorted(set(tensors) - set(values)), sorted(set(values) - set(tensors))
+    if missing or unknown:
+        raise ValueError(f"{owner}: apply's {what} must have exactly the model's names; missing "
+                         f"{missing}, unknown {unknown}")
+    for name, v in values.items():
+        if tuple(jax.numpy.shape(v)) != tensors[name].shape:
+            raise ValueError(f"{owner}: apply's {what}[{name!r}] has shape "
+                             f"{tuple(jax.numpy.shape(v))}, expected {tensors[name].shape}")
+    return values
+
+
+@contextlib.contextmanager
+def _bound_arrays(tensors: Dict[str, Tensor], values: Dict[str, Any]) -> Iterator[None]:
+    """Bind each Tensor to its given value for the block; the original arrays come back however
+    it ends, so no tracer is ever left in the model (as graph mode's ``_restore``)."""
+    originals = {name: t.array for name, t in tensors.items()}
+    try:
+        for name, t in tensors.items():
+            t.array = values[name]
+        yield
+    finally:
+        for name, t in tensors.items():
+            t.array = originals[name]
+
+
+@contextlib.contextmanager
+def _bound_keys(key: Optional[jax.Array]) -> Iterator[List[bool]]:
+    """Every Device draws from ``key`` (folded with the device's index) in this thread for the
+    block, without touching the devices' own keys (graph mode's per-thread keys, see
+    ``modes.traced_keys``). With ``key=None`` the devices' current keys are lent and not
+    advanced. Yields a list that receives, on exit, whether anything was drawn."""
+    devices = device_mod.all_devices()
+    keys = modes.traced_keys(create=True)
+    saved = {d: keys[d] for d in devices if d in keys}
+    start = {}
+    for i, d in enumerate(devices):
+        current = d.key
+        start[d] = current if key is None else (jax.random.fold_in(key, i) if i else key)
+        keys[d] = (start[d], current)
+    drew: List[bool] = []
+    try:
+        yield drew
+    finally:
+        drew.append(any(keys[d][0] is not start[d] for d in devices if d in keys))
+        for d in devices:
+            if d in saved:
+                keys[d] = saved[d]
+            else:
+                keys.pop(d, None)
+
+
+def _clear_traced_tensors(owner: str, model: Layer) -> None:
+    """A call that changed the model's structure may have stored Tensors created from the
+    given values (tracers under a JAX transformation): reset those to zeros and say so."""
+    leaked = [t for t in tensors_in(model) if isinstance(t._data, jax.core.Tracer)]
+    if leaked:
+        for t in leaked:
+            t.array = jax.numpy.zeros(t.shape, t.dtype)
+        raise RuntimeError(f"{owner}: apply stored traced values in {[t.name for t in leaked]} "
+                           f"(a layer initialised or kept a Tensor during the call); call the "
+                           f"model once (or compile it) before functional()")

@@ -92,7 +92,7 @@ class L2Regularizer(Regularizer):
 
     def apply(self, epoch: int, value: Tensor, grad: Tensor, step: int = -1) -> Tensor:
         if self.coefficient != 0:
-            grad.data = grad.data + self.coefficient * value.data
+            grad.array = grad.array + self.coefficient * value.array
         return grad
 
 
@@ -121,8 +121,8 @@ class L2Constraint(Constraint):
     def apply(self, epoch: int, value: Tensor, grad: Tensor, step: int = -1) -> Tensor:
         if self.threshold is None:
             raise ValueError("L2Constraint.apply: no threshold was given")
-        nrm = float(jnp.linalg.norm(grad.data.reshape(-1))) / grad.size()
-        grad.data = grad.data * (self.threshold / nrm)
+        nrm = float(jnp.linalg.norm(grad.array.reshape(-1))) / grad.size()
+        grad.array = grad.array * (self.threshold / nrm)
         return grad
 
 
@@ -200,7 +200,7 @@ class Optimizer:
 
     def _history(self, name: Optional[str], value: Tensor) -> jax.Array:
         h = self.history.get(name)
-        return jnp.zeros_like(value.data) if h is None else h
+        return jnp.zeros_like(value.array) if h is None else h
 
     def apply_with_lr(self, epoch: int, lr: float, grad: Tensor, value: Tensor,
                       name: Optional[str] = None, step: int = -1) -> Tensor:
@@ -225,10 +225,10 @@ class SGD(Optimizer):
             return value
         lr = self._prepare(epoch, lr, grad, value, name, step)
         if self.momentum:
-            value.data, self.history[name] = _sgd_momentum(
-                value.data, grad.data, self._history(name, value), lr, self.momentum)
+            value.array, self.history[name] = _sgd_momentum(
+                value.array, grad.array, self._history(name, value), lr, self.momentum)
         else:
-            value.data = _sgd(value.data, grad.data, lr)
+            value.array = _sgd(value.array, grad.array, lr)
         return value
 
 
@@ -245,8 +245,8 @@ class Nesterov(Optimizer):
         if grad.is_empty():
             return value
         lr = self._prepare(epoch, lr, grad, value, name, step)
-        value.data, self.history[name] = _nesterov(
-            value.data, grad.data, self._history(name, value), lr, self.momentum)
+        value.array, self.history[name] = _nesterov(
+            value.array, grad.array, self._history(name, value), lr, self.momentum)
         return value
 
 
@@ -265,8 +265,8 @@ class RMSProp(Optimizer):
         if grad.is_empty():
             return value
         lr = self._prepare(epoch, lr, grad, value, name, step)
-        value.data, self.history[name] = _rmsprop(
-            value.data, grad.data, self._history(name, value), lr, self.rho, self.epsilon)
+        value.array, self.history[name] = _rmsprop(
+            value.array, grad.array, self._history(name, value), lr, self.rho, self.epsilon)
         return value
 
 
@@ -285,8 +285,8 @@ class AdaGrad(Optimizer):
         if grad.is_empty():
             return value
         lr = self._prepare(epoch, lr, grad, value, name, step)
-        value.data, self.history[name] = _adagrad(
-            value.data, grad.data, self._history(name, value), lr, self.epsilon)
+        value.array, self.history[name] = _adagrad(
+            value.array, grad.array, self._history(name, value), lr, self.epsilon)
         return value
 
 
@@ -318,9 +318,9 @@ class Adam(Optimizer):
             self.t += 1
             self.last_step, self.last_epoch = step, epoch
         lr = self._prepare(epoch, lr, grad, value, name, step)
-        zeros = jnp.zeros_like(value.data)
+        zeros = jnp.zeros_like(value.array)
         alpha = lr * math.sqrt(1 - self.beta_2 ** self.t) / (1 - self.beta_1 ** self.t)
-        value.data, self.m[name], self.v[name] = _adam(
-            value.data, grad.data, self.m.get(name, zeros), self.v.get(name, zeros), alpha,
+        value.array, self.m[name], self.v[name] = _adam(
+            value.array, grad.array, self.m.get(name, zeros), self.v.get(name, zeros), alpha,
             self.beta_1, self.beta_2, self.epsilon)
         return value

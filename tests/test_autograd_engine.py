@@ -23,7 +23,7 @@ def _t(a, **kw) -> Tensor:
 
 
 def _np(t: Tensor) -> np.ndarray:
-    return np.asarray(t.data)
+    return np.asarray(t.array)
 
 
 def test_only_stores_grad_tensors_are_yielded_with_their_gradients(rng):
@@ -173,7 +173,7 @@ def test_memory_does_not_grow_over_many_steps(rng):
     def step():
         loss = autograd.reduce_mean(autograd.relu(autograd.matmul(x, w)))
         for p, g in autograd.backward(loss):
-            p.data = p.data - 0.01 * g.data  # rebinding, as an optimizer does
+            p.array = p.array - 0.01 * g.array  # rebinding, as an optimizer does
 
     for _ in range(20):  # warm up: compile, fill caches
         step()
@@ -214,7 +214,7 @@ def test_gradient_is_yielded_when_a_freed_intermediate_shared_the_parameters_id(
     entry = [i for i, s in enumerate(mul_op.src) if s[2] is w][0]
     mul_op.src[entry] = (w.creator, freed_id, w, True)
     w.creator.y_id2idx = {freed_id: 0}
-    grads = dict((t.name, np.asarray(g.data)) for t, g in autograd.backward(loss))
+    grads = dict((t.name, np.asarray(g.array)) for t, g in autograd.backward(loss))
     np.testing.assert_allclose(grads["w"], 4.0 * np.ones(3))  # d(sum(4x * w))/dw = 4x
 
 
@@ -234,5 +234,5 @@ def test_every_parameter_gets_its_gradient_when_ids_are_reused():
     else:
         pytest.skip("CPython did not reuse the freed Tensor's id")
     loss = autograd.reduce_sum(autograd.mul(h2, w))
-    grads = {t.name: np.asarray(g.data) for t, g in autograd.backward(loss)}
+    grads = {t.name: np.asarray(g.array) for t, g in autograd.backward(loss)}
     np.testing.assert_allclose(grads["w"], 4.0 * np.ones(3))

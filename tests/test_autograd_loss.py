@@ -23,7 +23,7 @@ def loss_and_grads(fn, inputs, target=None, dy=None):
     grads = autograd.gradients(loss, dy)
     if target is not None:
         assert id(args[-1]) not in grads  # the target is a constant
-    return float(np.asarray(loss.data)[0]), [np.asarray(grads[id(t)].data) for t in ts]
+    return float(np.asarray(loss.array)[0]), [np.asarray(grads[id(t)].array) for t in ts]
 
 
 def softmax(x):
@@ -126,8 +126,8 @@ def test_gradient_descent_on_logits_lowers_the_loss(logits):
     losses = []
     for _ in range(5):
         loss = autograd.softmax_cross_entropy(x, t)
-        losses.append(float(np.asarray(loss.data)[0]))
+        losses.append(float(np.asarray(loss.array)[0]))
         for param, grad in autograd.backward(loss):
-            param.data = param.data - 2.0 * grad.data
+            param.array = param.array - 2.0 * grad.array
     assert losses[-1] < 0.5 * losses[0]
     assert all(b < a for a, b in zip(losses, losses[1:]))

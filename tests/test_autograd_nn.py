@@ -27,7 +27,7 @@ def run_with_grads(op_fn, arrays, dy):
     ts = [leaf(a, np.issubdtype(np.asarray(a).dtype, np.floating)) for a in arrays]
     y = op_fn(*ts)
     grads = autograd.gradients(y, dy)
-    return np.asarray(y.data), [None if id(t) not in grads else np.asarray(grads[id(t)].data)
+    return np.asarray(y.array), [None if id(t) not in grads else np.asarray(grads[id(t)].array)
                                 for t in ts]
 
 
@@ -42,7 +42,7 @@ def check_fd(op_fn, arrays, seed=0, eps=1e-2, rtol=2e-2, atol=1e-3):
 
     def loss(args):
         out = op_fn(*[Tensor(data=a, requires_grad=False) for a in args])
-        return float(np.sum(np.asarray(out.data, np.float64) * dy))
+        return float(np.sum(np.asarray(out.array, np.float64) * dy))
 
     for i, a in enumerate(arrays):
         if not np.issubdtype(a.dtype, np.floating):
@@ -180,7 +180,7 @@ def test_average_pooling_excludes_padding_from_count():
     x = np.ones((1, 1, 2, 2), np.float32)
     handle = nn.CudnnPoolingHandle(x, (3, 3), (1, 1), (1, 1), False)
     y = autograd.pooling_2d(handle, leaf(x))
-    np.testing.assert_allclose(np.asarray(y.data), np.ones((1, 1, 2, 2)))
+    np.testing.assert_allclose(np.asarray(y.array), np.ones((1, 1, 2, 2)))
 
 
 def test_max_pooling_gradient_routes_to_argmax():
@@ -216,11 +216,11 @@ def test_batchnorm_training_statistics_and_running_update(shape):
     n = x.size // shape[1]
     expected = (x - mean.reshape(cshape)) / np.sqrt(var.reshape(cshape) + 1e-5) \
         * scale.reshape(cshape) + bias.reshape(cshape)
-    np.testing.assert_allclose(np.asarray(y.data), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(y.array), expected, rtol=1e-4, atol=1e-4)
     # SINGA: running = (1 - momentum) * running + momentum * batch, unbiased batch variance
-    np.testing.assert_allclose(np.asarray(rm.data), (1 - momentum) * rm0 + momentum * mean,
+    np.testing.assert_allclose(np.asarray(rm.array), (1 - momentum) * rm0 + momentum * mean,
                                rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(rv.data),
+    np.testing.assert_allclose(np.asarray(rv.array),
                                (1 - momentum) * rv0 + momentum * var * n / (n - 1), rtol=1e-5)
 
 
@@ -235,9 +235,9 @@ def test_batchnorm_eval_uses_running_statistics_and_keeps_them():
     c = (1, -1, 1, 1)
     expected = (x - rm0.reshape(c)) / np.sqrt(rv0.reshape(c) + 1e-5) * scale.reshape(c) \
         + bias.reshape(c)
-    np.testing.assert_allclose(np.asarray(y.data), expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(rm.data), rm0)
-    np.testing.assert_array_equal(np.asarray(rv.data), rv0)
+    np.testing.assert_allclose(np.asarray(y.array), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(rm.array), rm0)
+    np.testing.assert_array_equal(np.asarray(rv.array), rv0)
 
 
 @pytest.mark.parametrize("shape", [(4, 2, 2, 3)])
@@ -262,7 +262,7 @@ def test_batchnorm_channel_mismatch_raises_before_update():
     with pytest.raises(ValueError, match=r"_BatchNorm2d.*\(4,\).*\(2, 3, 2, 2\)"):
         autograd.batchnorm_2d(handle, leaf(x), leaf(np.ones(4, np.float32)),
                               leaf(np.zeros(4, np.float32)), rm, rv)
-    np.testing.assert_array_equal(np.asarray(rm.data), np.zeros(4))
+    np.testing.assert_array_equal(np.asarray(rm.array), np.zeros(4))
 
 
 def test_batchnorm_and_dropout_trace_under_jit():
@@ -281,7 +281,7 @@ def test_batchnorm_and_dropout_trace_under_jit():
             y = autograd.batchnorm_2d(handle, xt, Tensor(data=jnp.ones(3)),
                                       Tensor(data=jnp.zeros(3)), rm, rv)
             z = autograd.dropout(y, ratio=0.5)
-            return z.data, rm.data, rv.data, dev.key
+            return z.array, rm.array, rv.array, dev.key
         finally:
             dev.key = saved_key
 
@@ -318,10 +318,10 @@ def test_dropout_reproducible_with_device_seed():
     dev = device.get_default_device()
     x = leaf(np.ones((8, 16), np.float32) + 1.0)
     dev.SetRandSeed(11)
-    first = np.asarray(autograd.dropout(x, ratio=0.5).data)
-    second = np.asarray(autograd.dropout(x, ratio=0.5).data)
+    first = np.asarray(autograd.dropout(x, ratio=0.5).array)
+    second = np.asarray(autograd.dropout(x, ratio=0.5).array)
     dev.SetRandSeed(11)
-    again = np.asarray(autograd.dropout(x, ratio=0.5).data)
+    again = np.asarray(autograd.dropout(x, ratio=0.5).array)
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, second)
 
@@ -332,7 +332,7 @@ def test_dropout_is_identity_in_eval():
     key_before = np.asarray(dev.key)
     x = np.arange(6, dtype=np.float32)
     y = autograd.dropout(leaf(x), ratio=0.9)
-    np.testing.assert_array_equal(np.asarray(y.data), x)
+    np.testing.assert_array_equal(np.asarray(y.array), x)
     np.testing.assert_array_equal(np.asarray(dev.key), key_before)
     with pytest.raises(ValueError, match="Dropout"):
         nn.Dropout(ratio=1.0)
@@ -470,7 +470,7 @@ def test_rnn_bidirectional_masked_matches_stepwise_numpy(mode):
     op = nn._RNN(handle, return_sequences=True, use_mask=True, seq_lengths=seq)
     y = op(leaf(x), leaf(hx), leaf(cx), leaf(flat))[0]
     expected, _, _ = np_rnn(mode, x, hx, cx, params, lengths, 1, 2)
-    np.testing.assert_allclose(np.asarray(y.data), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(y.array), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_rnn_two_layers_last_step_matches_numpy():
@@ -480,7 +480,7 @@ def test_rnn_two_layers_last_step_matches_numpy():
     last = nn._RNN(handle)(leaf(x), leaf(hx), leaf(cx), leaf(flat))[0]
     expected, _, _ = np_rnn(2, x, hx, cx, params, [x.shape[0]] * x.shape[1], 2, 1)
     assert last.shape == expected.shape[1:]
-    np.testing.assert_allclose(np.asarray(last.data), expected[-1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(last.array), expected[-1], rtol=1e-4, atol=1e-5)
 
 
 def test_rnn_final_states_match_numpy():

@@ -293,7 +293,7 @@ def test_forward_and_gradient(case: Case, shapes, rng):
     expected = case.ref(*[a.astype(np.float64) for a in arrays])
     assert y.dtype == case.dtype
     assert y.shape == expected.shape
-    np.testing.assert_allclose(np.asarray(y.data), expected, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(y.array), expected, rtol=2e-5, atol=2e-5)
 
     if not case.grad:
         assert not y.requires_grad
@@ -303,7 +303,7 @@ def test_forward_and_gradient(case: Case, shapes, rng):
     grads = autograd.gradients(y, Tensor(data=dy))
     for i, x in enumerate(xs):
         want = _finite_difference(lambda *a: float(np.sum(case.ref(*a) * dy)), arrays, i)
-        got = np.asarray(grads[id(x)].data)
+        got = np.asarray(grads[id(x)].array)
         assert got.shape == x.shape
         np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3,
                                    err_msg=f"gradient of {case.name} w.r.t. input {i}")
@@ -312,8 +312,8 @@ def test_forward_and_gradient(case: Case, shapes, rng):
 # --- forward conventions not covered by random inputs ---------------------------------------
 def test_rounding_of_halves():
     x = Tensor(data=np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.0], np.float32))
-    np.testing.assert_array_equal(np.asarray(autograd.round(x).data), [-3, -2, -1, 1, 2, 3, 3])
-    np.testing.assert_array_equal(np.asarray(autograd.rounde(x).data), [-2, -2, 0, 0, 2, 2, 3])
+    np.testing.assert_array_equal(np.asarray(autograd.round(x).array), [-3, -2, -1, 1, 2, 3, 3])
+    np.testing.assert_array_equal(np.asarray(autograd.rounde(x).array), [-2, -2, 0, 0, 2, 2, 3])
 
 
 def test_max_min_ties_give_the_gradient_to_the_first_input():
@@ -321,8 +321,8 @@ def test_max_min_ties_give_the_gradient_to_the_first_input():
     b = Tensor(data=np.array([1., 5., 0.], np.float32), stores_grad=True)
     for op, want_a in ((autograd.max, [1, 0, 1]), (autograd.min, [1, 1, 0])):
         g = autograd.gradients(op(a, b))
-        np.testing.assert_array_equal(np.asarray(g[id(a)].data), want_a)
-        np.testing.assert_array_equal(np.asarray(g[id(b)].data), 1 - np.array(want_a))
+        np.testing.assert_array_equal(np.asarray(g[id(a)].array), want_a)
+        np.testing.assert_array_equal(np.asarray(g[id(b)].array), 1 - np.array(want_a))
 
 
 def test_comparisons_of_integers_give_float32():
@@ -332,7 +332,7 @@ def test_comparisons_of_integers_give_float32():
                      (autograd._or, [1, 1, 1])):
         y = op(a, b)
         assert y.dtype == np.float32
-        np.testing.assert_array_equal(np.asarray(y.data), want)
+        np.testing.assert_array_equal(np.asarray(y.array), want)
 
 
 def test_integer_division_truncates_like_singa():
@@ -340,7 +340,7 @@ def test_integer_division_truncates_like_singa():
     b = Tensor(data=np.array([2, 2], np.int32), dtype=np.int32)
     y = autograd.div(a, b)
     assert y.dtype == np.int32
-    np.testing.assert_array_equal(np.asarray(y.data), [3, -3])
+    np.testing.assert_array_equal(np.asarray(y.array), [3, -3])
 
 
 def test_split_returns_every_piece():
@@ -354,17 +354,17 @@ def test_gather_with_an_index_tensor():
     x = Tensor(data=np.arange(12, dtype=np.float32).reshape(3, 4), stores_grad=True)
     idx = Tensor(data=np.array([3, 3, 0], np.int32), dtype=np.int32)
     y = autograd.gather(x, 1, idx)
-    np.testing.assert_array_equal(np.asarray(y.data), np.arange(12).reshape(3, 4)[:, [3, 3, 0]])
+    np.testing.assert_array_equal(np.asarray(y.array), np.arange(12).reshape(3, 4)[:, [3, 3, 0]])
     g = autograd.gradients(y)[id(x)]
-    np.testing.assert_array_equal(np.asarray(g.data), [[1, 0, 0, 2]] * 3)
+    np.testing.assert_array_equal(np.asarray(g.array), [[1, 0, 0, 2]] * 3)
 
 
 def test_value_dependent_shapes_refuse_to_compile():
     import jax
     for op in (autograd.nonzero, autograd.constant_of_shape):
         with pytest.raises(ValueError, match="graph-mode"):
-            jax.jit(lambda a: op(Tensor(data=a)).data)(np.ones(2, np.float32))
-    shape = jax.jit(lambda a: autograd.shape(Tensor(data=a)).data)(np.ones((2, 3), np.float32))
+            jax.jit(lambda a: op(Tensor(data=a)).array)(np.ones(2, np.float32))
+    shape = jax.jit(lambda a: autograd.shape(Tensor(data=a)).array)(np.ones((2, 3), np.float32))
     np.testing.assert_array_equal(np.asarray(shape), [2, 3])
 
 
@@ -415,7 +415,10 @@ def test_broadcast_helpers(rng):
     assert autograd.axis_helper((2, 3, 4), (3, 1)) == (0, 2)
     assert autograd.axis_helper((2, 3), (2, 3)) == ()
     g = rng.normal(size=(2, 3, 4)).astype(np.float32)
-    out = autograd.back_broadcast((2, 3, 4), (3, 1), Tensor(data=g).data)
-    assert isinstance(out, autograd.CTensor)
+    out = autograd.back_broadcast((2, 3, 4), (3, 1), Tensor(data=g).data)  # SINGA passes CTensors
+    assert isinstance(out, autograd.CTensor) and out.shape() == (3, 1)
     np.testing.assert_allclose(np.asarray(out), g.sum((0, 2)).reshape(3, 1), rtol=1e-5)
+    array_out = autograd.back_broadcast((2, 3, 4), (3, 1), Tensor(data=g).array)
+    np.testing.assert_allclose(np.asarray(array_out), g.sum((0, 2)).reshape(3, 1), rtol=1e-5)
     np.testing.assert_array_equal(autograd.ctensor2numpy(Tensor(data=g).data), g)
+    np.testing.assert_array_equal(autograd.ctensor2numpy(Tensor(data=g).array), g)

@@ -158,7 +158,7 @@ def test_device_methods_singa_programs_call(capsys):
     assert dev.graph_enabled() is False
     t = tensor.Tensor((3,), dev).gaussian(0.0, 1.0) * 2
     dev.Sync()  # waits; the result is ready afterwards
-    assert t.data.is_ready()
+    assert t.array.is_ready()
     dev.SetVerbosity(2)
     dev.SetSkipIteration(3)
     dev.PrintTimeProfiling()
@@ -197,13 +197,13 @@ TWO_DEVICES = textwrap.dedent("""
 
     # to_device moves the data between devices
     t = tensor.from_numpy(a, d0)
-    assert t.device is d0 and t.data.devices() == {d0.jax_device}
+    assert t.device is d0 and t.array.devices() == {d0.jax_device}
     t.to_device(d1)
-    assert t.device is d1 and t.data.devices() == {d1.jax_device}
+    assert t.device is d1 and t.array.devices() == {d1.jax_device}
     np.testing.assert_array_equal(tensor.to_numpy(t), a)
     y = t * 2 + 1  # results stay on the operands' device
-    assert y.device is d1 and y.data.devices() == {d1.jax_device}
-    assert tensor.Tensor((2,), d1).gaussian(0, 1).data.devices() == {d1.jax_device}
+    assert y.device is d1 and y.array.devices() == {d1.jax_device}
+    assert tensor.Tensor((2,), d1).gaussian(0, 1).array.devices() == {d1.jax_device}
 
     # a binary op across devices is a clear error and changes nothing
     u = tensor.from_numpy(a, d0)
@@ -221,10 +221,10 @@ TWO_DEVICES = textwrap.dedent("""
     # copies may cross devices and land on the destination's device
     dst = tensor.Tensor((2, 3), d0)
     dst.copy_data(t)
-    assert dst.data.devices() == {d0.jax_device}
+    assert dst.array.devices() == {d0.jax_device}
     np.testing.assert_array_equal(tensor.to_numpy(dst), a)
     tensor.copy_data_to_from(dst, tensor.from_numpy(np.full(2, 9, np.float32), d1), 2, 1, 0)
-    assert dst.data.devices() == {d0.jax_device}
+    assert dst.array.devices() == {d0.jax_device}
     assert tensor.to_numpy(dst).reshape(-1)[1:3].tolist() == [9, 9]
     assert tensor.to_host(t).device is d0
 

@@ -55,7 +55,7 @@ class Net:
             key = Tensor(data=h.device.next_key(), requires_grad=False)
             h = Mask(p=0.25)(h, key)[0]
         if autograd.is_training():
-            self.running_mean.data = 0.9 * self.running_mean.data + 0.1 * h.data.mean(0)
+            self.running_mean.array = 0.9 * self.running_mean.array + 0.1 * h.array.mean(0)
         h = Norm()(h, self.g)[0]
         return AddBias()(MatMul()(h, self.w2)[0], self.b2)[0]
 
@@ -71,17 +71,17 @@ class MomentumSGD:
     def lr_value(self):
         if self.decay_rate is None:
             return self.lr
-        return self.lr * self.decay_rate ** self.step_counter.data  # traced in graph mode
+        return self.lr * self.decay_rate ** self.step_counter.array  # traced in graph mode
 
     def __call__(self, loss):
         lr = self.lr_value()
         for p, g in autograd.backward(loss):
             if id(p) not in self.moments:
-                self.moments[id(p)] = Tensor(data=jnp.zeros_like(p.data), requires_grad=False)
+                self.moments[id(p)] = Tensor(data=jnp.zeros_like(p.array), requires_grad=False)
             buf = self.moments[id(p)]
-            buf.data = self.momentum * buf.data + g.data
-            p.data = p.data - lr * buf.data
-        self.step_counter.data = self.step_counter.data + 1
+            buf.array = self.momentum * buf.array + g.array
+            p.array = p.array - lr * buf.array
+        self.step_counter.array = self.step_counter.array + 1
 
 
 class Adam:
@@ -91,16 +91,16 @@ class Adam:
         self.m, self.v = {}, {}
 
     def __call__(self, loss):
-        self.t.data = self.t.data + 1
+        self.t.array = self.t.array + 1
         for p, g in autograd.backward(loss):
             for slots in (self.m, self.v):
-                slots.setdefault(id(p), Tensor(data=jnp.zeros_like(p.data), requires_grad=False))
+                slots.setdefault(id(p), Tensor(data=jnp.zeros_like(p.array), requires_grad=False))
             m, v = self.m[id(p)], self.v[id(p)]
-            m.data = self.b1 * m.data + (1 - self.b1) * g.data
-            v.data = self.b2 * v.data + (1 - self.b2) * g.data ** 2
-            mh = m.data / (1 - self.b1 ** self.t.data)
-            vh = v.data / (1 - self.b2 ** self.t.data)
-            p.data = p.data - self.lr * mh / (jnp.sqrt(vh) + self.eps)
+            m.array = self.b1 * m.array + (1 - self.b1) * g.array
+            v.array = self.b2 * v.array + (1 - self.b2) * g.array ** 2
+            mh = m.array / (1 - self.b1 ** self.t.array)
+            vh = v.array / (1 - self.b2 ** self.t.array)
+            p.array = p.array - self.lr * mh / (jnp.sqrt(vh) + self.eps)
 
 
 def train_one_batch(net, opt, x, y):
@@ -140,8 +140,8 @@ def run_steps(make_opt, use_graph, steps=10, dropout=True, sizes=None):
                                    training=True)
         else:
             out, loss = train_one_batch(net, opt, x, y)
-        losses.append(float(loss.data))
-    final = {k: np.asarray(v.data) for k, v in net.get_states().items()}
+        losses.append(float(loss.array))
+    final = {k: np.asarray(v.array) for k, v in net.get_states().items()}
     return np.array(losses), final, runner, opt, np.asarray(dev.key)
 
 
@@ -169,7 +169,7 @@ def test_lr_schedule_is_traced():
     eager = run_steps(lambda: MomentumSGD(lr=0.5, decay_rate=0.5), use_graph=False, dropout=False)
     graph = run_steps(lambda: MomentumSGD(lr=0.5, decay_rate=0.5), use_graph=True, dropout=False)
     assert_same(eager, graph)
-    assert float(graph[3].step_counter.data) == 10.0
+    assert float(graph[3].step_counter.array) == 10.0
     # a baked-in lr would make graph mode diverge from eager after the second step
     frozen = run_steps(lambda: MomentumSGD(lr=0.5, decay_rate=1.0), use_graph=False, dropout=False)
     assert not np.allclose(frozen[0], graph[0], rtol=1e-3)
@@ -184,7 +184,7 @@ def test_dropout_key_advances_every_step():
         out, _ = runner.run(lambda a, b: train_one_batch(net, opt, a, b), "step", (x, y), {},
                             list(net.get_states().values()) + tensors_in(opt), True)
         keys.append(np.asarray(dev.key))
-        outs.append(np.asarray(out.data))
+        outs.append(np.asarray(out.array))
     assert len({k.tobytes() for k in keys}) == 4
     # same parameters would give the same output without fresh masks; masks differ per step
     assert not np.allclose(outs[2], outs[3])
@@ -219,8 +219,8 @@ def test_static_arguments_select_programs():
     plain = runner.run(step, "f", (x, "plain"), {}, state, True)
     relu = runner.run(step, "f", (x, "relu"), {}, state, True)
     assert runner.trace_count == 2
-    np.testing.assert_allclose(np.asarray(relu.data), np.maximum(np.asarray(plain.data), 0))
-    assert (np.asarray(plain.data) < 0).any()
+    np.testing.assert_allclose(np.asarray(relu.array), np.maximum(np.asarray(plain.array), 0))
+    assert (np.asarray(plain.array) < 0).any()
     runner.run(step, "f", (x, "plain"), {}, state, True)
     assert runner.trace_count == 2
     with pytest.raises(TypeError, match="not hashable"):
@@ -229,12 +229,12 @@ def test_static_arguments_select_programs():
 
 def test_value_dependent_control_flow_is_rejected_clearly():
     net, runner = Net(dropout=False), GraphRunner("MyModel")
-    before = {k: np.asarray(v.data) for k, v in net.get_states().items()}
+    before = {k: np.asarray(v.array) for k, v in net.get_states().items()}
     key_before = np.asarray(device.get_default_device().key)
 
     def step(a):
         out = net.forward(a)
-        if out.data.sum() > 0:  # Python branch on a traced value
+        if out.array.sum() > 0:  # Python branch on a traced value
             return out
         return out
 
@@ -243,8 +243,8 @@ def test_value_dependent_control_flow_is_rejected_clearly():
                    True)
     assert "MyModel.train_one_batch" in str(info.value)
     for k, v in net.get_states().items():  # nothing changed, nothing holds a tracer
-        assert not isinstance(v.data, jax.core.Tracer)
-        np.testing.assert_array_equal(before[k], np.asarray(v.data))
+        assert not isinstance(v.array, jax.core.Tracer)
+        np.testing.assert_array_equal(before[k], np.asarray(v.array))
     np.testing.assert_array_equal(key_before, np.asarray(device.get_default_device().key))
 
 
@@ -256,16 +256,16 @@ def test_stale_constant_trap():
     x, _ = batch(0)
 
     def step(a):
-        return tensor.Tensor(data=net.forward(a).data * scale.data, requires_grad=False)
+        return tensor.Tensor(data=net.forward(a).array * scale.array, requires_grad=False)
 
     autograd.training = False
     state = list(net.get_states().values())
-    first = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
-    scale.data = jnp.asarray(3.0, jnp.float32)
-    second = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
+    first = np.asarray(runner.run(step, "f", (x,), {}, state, False).array)
+    scale.array = jnp.asarray(3.0, jnp.float32)
+    second = np.asarray(runner.run(step, "f", (x,), {}, state, False).array)
     np.testing.assert_allclose(second, 3 * first, rtol=1e-5)
-    scale.data = jnp.asarray(-1.0, jnp.float32)
-    third = np.asarray(runner.run(step, "f", (x,), {}, state, False).data)
+    scale.array = jnp.asarray(-1.0, jnp.float32)
+    third = np.asarray(runner.run(step, "f", (x,), {}, state, False).array)
     np.testing.assert_allclose(third, -first, rtol=1e-5)
     # the program with the constant runs once, then scale is an input
     assert runner.trace_count == 2
@@ -277,13 +277,13 @@ def test_undeclared_written_tensor_gets_concrete_value():
     x, _ = batch(0)
 
     def step(a):
-        counter.data = counter.data + a.data.shape[0]
+        counter.array = counter.array + a.array.shape[0]
         return a
 
     for _ in range(3):
         runner.run(step, "f", (x,), {}, [], False)
-        assert not isinstance(counter.data, jax.core.Tracer)
-    assert float(counter.data) == 15.0
+        assert not isinstance(counter.array, jax.core.Tracer)
+    assert float(counter.array) == 15.0
 
 
 def test_lazily_created_slots_become_state():
@@ -293,8 +293,8 @@ def test_lazily_created_slots_become_state():
     runner.run(lambda a, b: train_one_batch(net, opt, a, b), "t", (x, y), {}, declared, True)
     assert len(opt.moments) == 5
     for m in opt.moments.values():  # concrete, not tracers, and non-zero after one step
-        assert isinstance(m.data, jax.Array) and not isinstance(m.data, jax.core.Tracer)
-        assert np.abs(np.asarray(m.data)).sum() > 0
+        assert isinstance(m.array, jax.Array) and not isinstance(m.array, jax.core.Tracer)
+        assert np.abs(np.asarray(m.array)).sum() > 0
     assert {id(m) for m in opt.moments.values()} <= {id(t) for t in runner.discovered}
     # the slots now carry momentum between steps: compare with eager from the same start
     eager_net, eager_opt = Net(dropout=False), MomentumSGD()
@@ -304,7 +304,7 @@ def test_lazily_created_slots_become_state():
         runner.run(lambda a, b: train_one_batch(net, opt, a, b), "t", (xs, ys), {}, declared, True)
         train_one_batch(eager_net, eager_opt, xs, ys)
     for k, v in net.get_states().items():
-        np.testing.assert_allclose(np.asarray(v.data), np.asarray(eager_net.get_states()[k].data),
+        np.testing.assert_allclose(np.asarray(v.array), np.asarray(eager_net.get_states()[k].array),
                                    rtol=1e-5, atol=1e-6)
 
 
@@ -320,23 +320,23 @@ def test_results_are_concrete_pytrees():
         res = runner.run(step, "f", (x,), {}, list(net.get_states().values()), True)
     assert runner.trace_count == 1
     assert res["n"] == 3 and res["pair"][1] == "tag"
-    assert isinstance(res["out"], Tensor) and not isinstance(res["out"].data, jax.core.Tracer)
+    assert isinstance(res["out"], Tensor) and not isinstance(res["out"].array, jax.core.Tracer)
     assert isinstance(res["out"].creator, autograd.Dummy)
-    np.testing.assert_allclose(np.asarray(res["out"].data), np.asarray(res["pair"][0].data))
+    np.testing.assert_allclose(np.asarray(res["out"].array), np.asarray(res["pair"][0].array))
 
 
 def test_old_buffers_are_donated_and_aliases_handled():
     net, opt, runner = Net(dropout=False), MomentumSGD(), GraphRunner()
-    w1_start = np.asarray(net.w1.data)
-    tied = Tensor(data=net.w1.data, stores_grad=True)  # the same buffer as w1, not trained
+    w1_start = np.asarray(net.w1.array)
+    tied = Tensor(data=net.w1.array, stores_grad=True)  # the same buffer as w1, not trained
     declared = list(net.get_states().values()) + [tied] + tensors_in(opt)
     x, y = batch(0)
     for _ in range(3):
-        old_b1 = net.b1.data
+        old_b1 = net.b1.array
         runner.run(lambda a, b: train_one_batch(net, opt, a, b), "t", (x, y), {}, declared, True)
     assert runner.trace_count == 2  # the first program meets the momentum slots
-    np.testing.assert_array_equal(np.asarray(tied.data), w1_start)  # copied, not donated
-    assert not np.allclose(np.asarray(net.w1.data), w1_start)
+    np.testing.assert_array_equal(np.asarray(tied.array), w1_start)  # copied, not donated
+    assert not np.allclose(np.asarray(net.w1.array), w1_start)
     assert old_b1.is_deleted()  # the old buffer was donated to the program
 
 
@@ -347,10 +347,10 @@ def test_state_rebound_to_a_new_shape_retraces():
     state = list(net.get_states().values())
     autograd.training = False
     for _ in range(3):
-        first = np.asarray(runner.run(net.forward, "f", (x,), {}, state, False).data)
+        first = np.asarray(runner.run(net.forward, "f", (x,), {}, state, False).array)
     assert runner.trace_count == 1
-    net.b2.data = jnp.reshape(net.b2.data + 1.0, (1, 3))  # same object, new shape
-    second = np.asarray(runner.run(net.forward, "f", (x,), {}, state, False).data)
+    net.b2.array = jnp.reshape(net.b2.array + 1.0, (1, 3))  # same object, new shape
+    second = np.asarray(runner.run(net.forward, "f", (x,), {}, state, False).array)
     assert runner.trace_count == 2
     np.testing.assert_allclose(second, first + 1.0, rtol=1e-5)
 
@@ -379,12 +379,12 @@ def test_program_takes_only_the_state_it_uses_and_returns_only_what_it_rewrites(
 
     def step(a, b):
         out, loss = train_one_batch(net, opt, a, b)
-        counter.data = jnp.full((), 7.0)  # overwritten without being read
+        counter.array = jnp.full((), 7.0)  # overwritten without being read
         return AddBias()(out, frozen)[0], loss
 
     declared = list(net.get_states().values()) + tensors_in(opt) + [frozen, unused, counter]
     x, y = batch(0)
-    frozen_array, unused_array = frozen.data, unused.data
+    frozen_array, unused_array = frozen.array, unused.array
     for _ in range(3):
         out, _ = runner.run(step, "t", (x, y), {}, declared, True)
     (prog,) = runner.programs.values()
@@ -396,14 +396,14 @@ def test_program_takes_only_the_state_it_uses_and_returns_only_what_it_rewrites(
     # no dropout: the device key is neither passed nor returned, and stays as it was
     assert prog.donated_devices == prog.read_devices == prog.written_devices == []
     # read-only and untouched state keeps its (not donated) arrays; the rewritten one is concrete
-    assert frozen.data is frozen_array and not frozen_array.is_deleted()
-    assert unused.data is unused_array and not unused_array.is_deleted()
-    assert float(counter.data) == 7.0
+    assert frozen.array is frozen_array and not frozen_array.is_deleted()
+    assert unused.array is unused_array and not unused_array.is_deleted()
+    assert float(counter.array) == 7.0
     # the same three steps eagerly give the same output
     eager_net, eager_opt = Net(dropout=False), MomentumSGD()
     for _ in range(3):
         eager_out, _ = train_one_batch(eager_net, eager_opt, x, y)
-    np.testing.assert_allclose(np.asarray(out.data), np.asarray(eager_out.data) + 1.0,
+    np.testing.assert_allclose(np.asarray(out.array), np.asarray(eager_out.array) + 1.0,
                                rtol=1e-5, atol=1e-6)
 
 
@@ -412,7 +412,7 @@ def test_compiled_eval_does_not_donate_parameters():
     autograd.training = False
     x, _ = batch(0)
     state = list(net.get_states().values())
-    arrays = [t.data for t in state]
+    arrays = [t.array for t in state]
     out = runner.run(net.forward, "f", (x,), {}, state, False)
     assert runner.trace_count == 1  # an evaluation call compiles at once (it is not explored)
     for _ in range(2):
@@ -420,8 +420,8 @@ def test_compiled_eval_does_not_donate_parameters():
     assert runner.trace_count == 1
     (prog,) = runner.programs.values()
     assert prog.donated == [] and prog.written == []
-    assert all(t.data is a and not a.is_deleted() for t, a in zip(state, arrays))
-    np.testing.assert_allclose(np.asarray(out.data), np.asarray(net.forward(x).data), rtol=1e-6)
+    assert all(t.array is a and not a.is_deleted() for t, a in zip(state, arrays))
+    np.testing.assert_allclose(np.asarray(out.array), np.asarray(net.forward(x).array), rtol=1e-6)
 
 
 def test_a_compiled_model_called_inside_another_step_is_traced_inline():
@@ -444,10 +444,10 @@ def test_a_compiled_model_called_inside_another_step_is_traced_inline():
         loss = outer.run(outer_step, "t", (x, y), {}, [], True)
         eager_loss = XEnt()(eager_net.forward(x), y)[0]
         eager_opt(eager_loss)
-        np.testing.assert_allclose(float(loss.data), float(eager_loss.data), rtol=1e-5)
+        np.testing.assert_allclose(float(loss.array), float(eager_loss.array), rtol=1e-5)
     # inner ran inside outer's programs (the first meets the momentum slots, the second keeps)
     assert outer.trace_count == 2 and inner.trace_count == 0
-    np.testing.assert_allclose(np.asarray(inner_net.w1.data), np.asarray(eager_net.w1.data),
+    np.testing.assert_allclose(np.asarray(inner_net.w1.array), np.asarray(eager_net.w1.array),
                                rtol=1e-5, atol=1e-6)
 
 
@@ -455,7 +455,7 @@ def test_a_step_that_keeps_new_state_every_call_is_correct_and_warned_about():
     history = []  # a Tensor created and kept by every step: each call meets new state
 
     def step(a):
-        out = Tensor(data=a.data * 2.0, requires_grad=False)
+        out = Tensor(data=a.array * 2.0, requires_grad=False)
         history.append(out)
         return out
 
@@ -465,4 +465,4 @@ def test_a_step_that_keeps_new_state_every_call_is_correct_and_warned_about():
             runner.run(step, "f", (x,), {}, [], False)
     assert runner.trace_count == 5 and not runner.programs
     for t in history:  # every kept Tensor got its concrete value
-        np.testing.assert_allclose(np.asarray(t.data), 2 * np.asarray(x.data), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(t.array), 2 * np.asarray(x.array), rtol=1e-6)

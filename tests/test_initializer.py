@@ -11,10 +11,10 @@ from singa_jax.tensor import Tensor
 
 def filled(fn, shape, *args):
     t = Tensor(shape=shape)
-    before = t.data
+    before = t.array
     fn(t, *args)
-    assert t.data is not before and t.shape == tuple(shape) and t.dtype == np.float32
-    return np.asarray(t.data)
+    assert t.array is not before and t.shape == tuple(shape) and t.dtype == np.float32
+    return np.asarray(t.array)
 
 
 # (initializer, weight shape, expected std for normal or limit for uniform, distribution)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from singa_jax import autograd, layer
+from singa_jax import autograd, layer, tensor
 from singa_jax.tensor import Tensor
 
 
@@ -33,12 +33,12 @@ def check_forward_and_grads(lay, inputs, ref, rng, atol=1e-4):
     """Forward of ``lay(*inputs)`` equals ``ref(params, *inputs)`` (jnp arrays) and the gradient of
     ``sum(y * dy)`` w.r.t. every parameter equals jax.grad of the reference."""
     y = lay(*inputs)
-    params = {n: jnp.asarray(p.data) for n, p in lay.get_params().items()}
-    arrays = [jnp.asarray(x.data) for x in inputs]
+    params = {n: jnp.asarray(p.array) for n, p in lay.get_params().items()}
+    arrays = [jnp.asarray(x.array) for x in inputs]
     expected = jax.jit(ref)(params, *arrays)  # jit: one compile instead of one per jnp op
-    np.testing.assert_allclose(np.asarray(y.data), np.asarray(expected), atol=atol, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(y.array), np.asarray(expected), atol=atol, rtol=1e-4)
     dy = randn(rng, *y.shape)
-    grads = {p.name: np.asarray(g.data) for p, g in autograd.backward(y, T(dy))}
+    grads = {p.name: np.asarray(g.array) for p, g in autograd.backward(y, T(dy))}
     ref_grads = jax.jit(jax.grad(lambda p: jnp.sum(ref(p, *arrays) * dy)))(params)
     assert set(grads) == set(ref_grads)
     for name in ref_grads:
@@ -104,9 +104,9 @@ def test_linear(ctor, rng):
 def test_linear_init_statistics():
     lin = layer.Linear(300)
     lin.initialize(T(np.zeros((1, 200))))
-    w = np.asarray(lin.W.data)
+    w = np.asarray(lin.W.array)
     assert w.std() == pytest.approx(np.sqrt(2.0 / 500), rel=0.05)
-    np.testing.assert_array_equal(np.asarray(lin.b.data), 0)
+    np.testing.assert_array_equal(np.asarray(lin.b.array), 0)
 
 
 @pytest.mark.parametrize("transA,transB", [(False, True), (True, False)])
@@ -135,11 +135,11 @@ def test_embedding(rng):
     table = randn(rng, 6, 3)
     frozen = layer.Embedding(6, 3, initializer="uniform")
     frozen.from_pretrained(table, freeze=True)
-    np.testing.assert_array_equal(np.asarray(frozen(idx).data), table[np.array([[0, 2], [5, 2]])])
+    np.testing.assert_array_equal(np.asarray(frozen(idx).array), table[np.array([[0, 2], [5, 2]])])
     assert not frozen.W.requires_grad and not frozen.W.stores_grad
     uni = layer.Embedding(50, 40, initializer="uniform")
     uni.initialize(idx)
-    w = np.asarray(uni.W.data)
+    w = np.asarray(uni.W.array)
     assert w.min() >= -1 and w.max() <= 1 and w.std() == pytest.approx(1 / np.sqrt(3), rel=0.1)
 
 
@@ -182,7 +182,7 @@ def test_conv2d_relu_old_signature_and_init(rng):
     big = layer.Conv2d(64, 3)
     big.initialize(T(np.zeros((1, 32, 3, 3))))  # parameters only, no forward
     assert big._initialized
-    assert np.asarray(big.W.data).std() == pytest.approx(np.sqrt(2 / (32 * 9 + 64)), rel=0.05)
+    assert np.asarray(big.W.array).std() == pytest.approx(np.sqrt(2 / (32 * 9 + 64)), rel=0.05)
 
 
 def test_separable_conv2d(rng):
@@ -210,10 +210,10 @@ def test_batchnorm_train_eval_and_running_stats(rng):
     states = bn.get_states()
     assert set(states) == {"scale", "bias", "running_mean", "running_var"}
     assert not bn.running_mean.requires_grad and not bn.running_mean.stores_grad
-    np.testing.assert_array_equal(np.asarray(bn.running_var.data), 1)
+    np.testing.assert_array_equal(np.asarray(bn.running_var.array), 1)
     set_random_params(bn, rng)
     bn.set_states({"running_mean": np.zeros(3), "running_var": np.ones(3)})
-    xa = np.asarray(x.data)
+    xa = np.asarray(x.array)
     mean, var = xa.mean(axis=(0, 2, 3)), xa.var(axis=(0, 2, 3))
 
     def ref(p, x):
@@ -223,17 +223,17 @@ def test_batchnorm_train_eval_and_running_stats(rng):
 
     check_forward_and_grads(bn, [x], ref, rng, atol=2e-4)
     n = 4 * 2 * 2  # SINGA: running = (1 - m) * running + m * batch, unbiased variance
-    np.testing.assert_allclose(np.asarray(bn.running_mean.data), 0.9 * mean, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(bn.running_var.data), 0.1 + 0.9 * var * n / (n - 1),
+    np.testing.assert_allclose(np.asarray(bn.running_mean.array), 0.9 * mean, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(bn.running_var.array), 0.1 + 0.9 * var * n / (n - 1),
                                atol=1e-5)
     autograd.training = False
-    rm, rv = np.asarray(bn.running_mean.data), np.asarray(bn.running_var.data)
-    y = np.asarray(bn(x).data)
-    scale, bias = np.asarray(bn.scale.data), np.asarray(bn.bias.data)
+    rm, rv = np.asarray(bn.running_mean.array), np.asarray(bn.running_var.array)
+    y = np.asarray(bn(x).array)
+    scale, bias = np.asarray(bn.scale.array), np.asarray(bn.bias.array)
     expect = (xa - rm.reshape(1, -1, 1, 1)) / np.sqrt(rv.reshape(1, -1, 1, 1) + 1e-5)
     np.testing.assert_allclose(y, expect * scale.reshape(1, -1, 1, 1) + bias.reshape(1, -1, 1, 1),
                                atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(bn.running_mean.data), rm)  # eval: unchanged
+    np.testing.assert_array_equal(np.asarray(bn.running_mean.array), rm)  # eval: unchanged
 
 
 # --- pooling ------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_pooling(ctor, k, s, pads, is_max, rng):
     pool = ctor()
     x = randn(rng, 2, 3, 6, 6)
     y = pool(T(x))
-    np.testing.assert_allclose(np.asarray(y.data), pool_ref(x, k, s, pads, is_max), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(y.array), pool_ref(x, k, s, pads, is_max), atol=1e-5)
 
 
 def test_valid_pad_mode(rng):
@@ -263,7 +263,7 @@ def test_valid_pad_mode(rng):
 def test_pooling_same_padding(rng):
     pool = layer.MaxPool2d(2, 1, pad_mode="SAME_UPPER")
     x = randn(rng, 1, 2, 5, 5)
-    y = np.asarray(pool(T(x)).data)
+    y = np.asarray(pool(T(x)).array)
     assert y.shape == (1, 2, 5, 5)
     # the extra row/column goes at the end: windows at the last row/column see only real data
     np.testing.assert_allclose(y[:, :, :4, :4], pool_ref(x, (2, 2), (1, 1), ((0, 0), (0, 0)),
@@ -294,14 +294,14 @@ def test_stateless_layers(rng):
         (layer.BinaryCrossEntropy(), [1 / (1 + np.exp(-a)), (b > 0).astype(np.float32)], None),
     ]
     for lay, inputs, expected in cases:
-        y = np.asarray(lay(*[T(i) for i in inputs]).data)
+        y = np.asarray(lay(*[T(i) for i in inputs]).array)
         if expected is None:  # BCE: -(t log p + (1 - t) log(1 - p)) summed over rows / batch
             p, t = inputs
             expected = -np.sum(t * np.log(p) + (1 - t) * np.log(1 - p)) / 3
         np.testing.assert_allclose(y, expected, rtol=1e-3, atol=1e-4, err_msg=type(lay).__name__)
     cat = layer.Cat(axis=1)
-    np.testing.assert_array_equal(np.asarray(cat([T(a), T(b)]).data), np.concatenate([a, b], 1))
-    np.testing.assert_array_equal(np.asarray(layer.Reshape()(T(a), (4, 3)).data), a.reshape(4, 3))
+    np.testing.assert_array_equal(np.asarray(cat([T(a), T(b)]).array), np.concatenate([a, b], 1))
+    np.testing.assert_array_equal(np.asarray(layer.Reshape()(T(a), (4, 3)).array), a.reshape(4, 3))
     assert layer.Flatten(axis=2)(T(np.zeros((2, 3, 4, 5)))).shape == (6, 20)
     with pytest.raises(TypeError, match="forward takes inputs"):
         layer.Add()(T(a))
@@ -311,12 +311,12 @@ def test_dropout(rng):
     drop = layer.Dropout(ratio=0.25)
     assert drop.ratio == 0.25
     x = np.ones((40, 50), np.float32)
-    y = np.asarray(drop(T(x)).data)
+    y = np.asarray(drop(T(x)).array)
     kept = y != 0
     assert 0.7 < kept.mean() < 0.8
     np.testing.assert_allclose(y[kept], 1 / 0.75, rtol=1e-6)
     autograd.training = False
-    np.testing.assert_array_equal(np.asarray(drop(T(x)).data), x)
+    np.testing.assert_array_equal(np.asarray(drop(T(x)).array), x)
 
 
 # --- recurrent ----------------------------------------------------------------------------------
@@ -334,12 +334,12 @@ def test_rnn_against_recurrence(nonlinearity, rng):
     p = set_random_params(rnn, rng)
     out, h = rnn(xs, h0)
     act = np.tanh if nonlinearity == "tanh" else (lambda v: np.maximum(v, 0))
-    hh = np.asarray(h0.data)
+    hh = np.asarray(h0.array)
     for t, x in enumerate(xs):
-        hh = act(np.asarray(x.data) @ p["Wx"] + hh @ p["Wh"] + p["b"])
-        np.testing.assert_allclose(np.asarray(out[t].data), hh, atol=1e-5)
+        hh = act(np.asarray(x.array) @ p["Wx"] + hh @ p["Wh"] + p["b"])
+        np.testing.assert_allclose(np.asarray(out[t].array), hh, atol=1e-5)
         step = rnn.step_forward(x, h0 if t == 0 else out[t - 1], rnn.Wx, rnn.Wh, rnn.b)
-        np.testing.assert_allclose(np.asarray(step.data), hh, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(step.array), hh, atol=1e-5)
     assert h is out[-1]
 
     def ref(params, *arrays):
@@ -354,8 +354,8 @@ def test_rnn_against_recurrence(nonlinearity, rng):
     total = autograd.add(autograd.add(out[0], out[1]), out[2])
     # the gradient through every time step reaches every weight
     dy = randn(rng, 2, 4)
-    grads = {q.name: np.asarray(g.data) for q, g in autograd.backward(total, T(dy))}
-    arrays = [jnp.asarray(x.data) for x in xs] + [jnp.asarray(h0.data)]
+    grads = {q.name: np.asarray(g.array) for q, g in autograd.backward(total, T(dy))}
+    arrays = [jnp.asarray(x.array) for x in xs] + [jnp.asarray(h0.array)]
     params = {k: jnp.asarray(v) for k, v in p.items()}
     expected = jax.jit(jax.grad(lambda q: jnp.sum(ref(q, *arrays) * dy)))(params)
     for k in expected:
@@ -368,24 +368,24 @@ def test_lstm_against_recurrence(rng):
     h0, c0 = T(randn(rng, 2, 4)), T(randn(rng, 2, 4))
     lstm(xs, (h0, c0))
     assert len(lstm.get_params()) == 16
-    assert np.asarray(lstm.Wx_i.data).std() < 0.05  # N(0, 0.01) initialisation
+    assert np.asarray(lstm.Wx_i.array).std() < 0.05  # N(0, 0.01) initialisation
     p = set_random_params(lstm, rng)
     out, h, c = lstm(xs, (h0, c0))
-    hh, cc = np.asarray(h0.data), np.asarray(c0.data)
+    hh, cc = np.asarray(h0.array), np.asarray(c0.array)
 
     def gate(g, x, hh):
         return x @ p[f"Wx_{g}"] + p[f"Bx_{g}"] + hh @ p[f"Wh_{g}"] + p[f"Bh_{g}"]
 
     for t, x in enumerate(xs):
-        xa = np.asarray(x.data)
+        xa = np.asarray(x.array)
         i, f, o = (_sigmoid(gate(g, xa, hh)) for g in "ifo")
         cc = f * cc + i * np.tanh(gate("g", xa, hh))
         hh = o * np.tanh(cc)
-        np.testing.assert_allclose(np.asarray(out[t].data), hh, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(c.data), cc, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(out[t].array), hh, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(c.array), cc, atol=1e-5)
     assert h is out[-1]
     h1, c1 = lstm.step_forward(xs[0], h0, c0)
-    np.testing.assert_allclose(np.asarray(h1.data), np.asarray(out[0].data), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(h1.array), np.asarray(out[0].array), atol=1e-5)
 
     def ref(params, *arrays):
         hcur, ccur = arrays[-2], arrays[-1]
@@ -399,8 +399,8 @@ def test_lstm_against_recurrence(rng):
     out, h, c = lstm(xs, (h0, c0))
     loss = autograd.add(h, autograd.add(c, c))
     dy = randn(rng, 2, 4)
-    grads = {q.name: np.asarray(g.data) for q, g in autograd.backward(loss, T(dy))}
-    arrays = [jnp.asarray(x.data) for x in xs] + [jnp.asarray(h0.data), jnp.asarray(c0.data)]
+    grads = {q.name: np.asarray(g.array) for q, g in autograd.backward(loss, T(dy))}
+    arrays = [jnp.asarray(x.array) for x in xs] + [jnp.asarray(h0.array), jnp.asarray(c0.array)]
     params = {k: jnp.asarray(v) for k, v in p.items()}
     expected = jax.jit(jax.grad(lambda q: jnp.sum(ref(q, *arrays) * dy)))(params)
     for k in expected:
@@ -412,7 +412,7 @@ def test_cudnn_rnn_lstm_against_recurrence(rng):
     x = T(randn(rng, 2, 3, 5))  # (batch, seq, feature)
     y = rnn(x)
     assert y.shape == (2, 3, 4) and rnn.W.shape == (rnn.handle.weights_size,)
-    assert np.abs(np.asarray(rnn.W.data)).max() <= 0.5  # U(-1/sqrt(4), 1/sqrt(4))
+    assert np.abs(np.asarray(rnn.W.array)).max() <= 0.5  # U(-1/sqrt(4), 1/sqrt(4))
     w = randn(rng, rnn.handle.weights_size) * 0.5
     rnn.set_params({rnn.W.name: w})
     mapping = rnn.handle.weights_mapping
@@ -425,20 +425,20 @@ def test_cudnn_rnn_lstm_against_recurrence(rng):
     Rh = [part(4 + g, False, (4, 4)) for g in range(4)]
     bW = [part(g, True, (4,)) for g in range(4)]
     bR = [part(4 + g, True, (4,)) for g in range(4)]
-    xa = np.asarray(x.data)
+    xa = np.asarray(x.array)
     hh, cc, outs = np.zeros((2, 4)), np.zeros((2, 4)), []
     for t in range(3):
         z = [xa[:, t] @ Wi[g].T + bW[g] + hh @ Rh[g].T + bR[g] for g in range(4)]
         cc = _sigmoid(z[1]) * cc + _sigmoid(z[0]) * np.tanh(z[2])
         hh = _sigmoid(z[3]) * np.tanh(cc)
         outs.append(hh)
-    np.testing.assert_allclose(np.asarray(rnn(x).data), np.stack(outs, 1), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(rnn(x).array), np.stack(outs, 1), atol=1e-5)
     last = layer.CudnnRNN(4, rnn_mode="lstm", bidirectional=True, return_sequences=False,
                           batch_first=False)
     assert last(T(randn(rng, 3, 2, 5))).shape == (2, 8)
     masked = layer.CudnnRNN(4, rnn_mode="tanh", use_mask=True)
     lengths = Tensor(data=np.array([3, 1], np.int32), requires_grad=False)
-    ym = np.asarray(masked(x, seq_lengths=lengths).data)
+    ym = np.asarray(masked(x, seq_lengths=lengths).array)
     np.testing.assert_array_equal(ym[1, 1:], 0)  # sequence 1 ends after one step
     with pytest.raises(TypeError, match="seq_lengths"):
         masked(x)
@@ -554,17 +554,17 @@ def test_set_states_round_trip_and_validation(rng):
     net = Net()
     x = T(randn(rng, 2, 3, 4, 4))
     net(x)
-    states = {k: np.asarray(v.data) for k, v in net.get_states().items()}
+    states = {k: np.asarray(v.array) for k, v in net.get_states().items()}
     new = {k: randn(rng, *v.shape) for k, v in states.items()}
     net.set_states(new)
     for k, v in net.get_states().items():
-        np.testing.assert_array_equal(np.asarray(v.data), new[k])
+        np.testing.assert_array_equal(np.asarray(v.array), new[k])
     other = Net()
     other(x)
     other.set_states(net.get_states())  # Tensors are accepted too
     autograd.training = False
-    np.testing.assert_allclose(np.asarray(other(x).data), np.asarray(net(x).data), atol=1e-6)
-    before = {k: np.asarray(v.data) for k, v in net.get_states().items()}
+    np.testing.assert_allclose(np.asarray(other(x).array), np.asarray(net(x).array), atol=1e-6)
+    before = {k: np.asarray(v.array) for k, v in net.get_states().items()}
     bad_shape = dict(new, **{"fc.W": np.zeros((2, 48))})
     with pytest.raises(ValueError, match=r"'fc.W' expects shape \(48, 2\), got \(2, 48\)"):
         net.set_states(bad_shape)
@@ -575,7 +575,7 @@ def test_set_states_round_trip_and_validation(rng):
     with pytest.raises(TypeError, match="dict"):
         net.set_params([1, 2])
     for k, v in net.get_states().items():  # nothing changed by the failed calls
-        np.testing.assert_array_equal(np.asarray(v.data), before[k])
+        np.testing.assert_array_equal(np.asarray(v.array), before[k])
 
 
 def test_initialize_turns_graph_off_and_device_dtype_checks(rng):
@@ -601,7 +601,7 @@ def test_initialize_turns_graph_off_and_device_dtype_checks(rng):
     p(x)
     assert seen == [False]  # initialize runs once
     w64 = Tensor(data=np.zeros(2, np.float32))
-    w64.data = w64.data.astype(jnp.bfloat16)
+    w64.array = w64.array.astype(jnp.bfloat16)
     p.dtype_check(x, w64)
     assert w64.dtype == np.float32
     p.device_check(x, w64)
@@ -642,7 +642,7 @@ def test_bad_input_shapes_name_layer_and_shapes():
     with pytest.raises(ValueError, match=r"CudnnRNN.*3.*\(1, 2, 4\)"):
         cud(T(np.zeros((1, 2, 4))))
     with pytest.raises(ValueError, match="initial state"):
-        rnn([T(np.zeros((2, 3)))], T(np.zeros((1, 4))))
+        rnn([T(np.zeros((2, 3)))], T(np.zeros((3, 4))))  # (1, 4) or (2, 1) would broadcast
     with pytest.raises(TypeError, match="list of Tensors"):
         rnn(T(np.zeros((2, 3))), T(np.zeros((2, 4))))
     with pytest.raises(TypeError, match="padding"):
@@ -659,3 +659,20 @@ def test_bad_input_shapes_name_layer_and_shapes():
         layer.Conv2d(3, 3, cudnn_algo=1)
     with pytest.raises(ValueError, match="momentum"):
         layer.BatchNorm2d(momentum=2)
+
+
+def test_rnn_initial_state_broadcasts_as_in_singa(rng):
+    """SINGA's ops broadcast the initial state: (batch, 1) and (1, hidden) states act like their
+    broadcast to (batch, hidden), in values and gradients."""
+    xs = [T(rng.normal(size=(2, 3)).astype(np.float32)) for _ in range(3)]
+    lstm = layer.LSTM(3, 2)
+    h, c = rng.normal(size=(2, 1)).astype(np.float32), rng.normal(size=(1, 2)).astype(np.float32)
+    autograd.training = True
+    small = lstm(xs, (T(h), T(c)))
+    full = lstm(xs, (T(np.broadcast_to(h, (2, 2)).copy()), T(np.broadcast_to(c, (2, 2)).copy())))
+    for a, b in zip(small[0] + [small[2]], full[0] + [full[2]]):
+        np.testing.assert_allclose(tensor.to_numpy(a), tensor.to_numpy(b), rtol=1e-6)
+    grads = [dict((p.name, tensor.to_numpy(g)) for p, g in autograd.backward(
+        autograd.reduce_sum(out[1]))) for out in (small, full)]
+    for name in grads[1]:
+        np.testing.assert_allclose(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-6)

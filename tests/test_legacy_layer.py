@@ -70,10 +70,10 @@ def test_residual_block_network_trains(rng, training_mode):
     losses = []
     for _ in range(12):
         loss = autograd.softmax_cross_entropy(net(x), T(labels))
-        losses.append(np.asarray(loss.data).item())
+        losses.append(np.asarray(loss.array).item())
         seen = 0
         for p, g in autograd.backward(loss):  # hand-written SGD step
-            p.data = p.data - 0.1 * g.data
+            p.array = p.array - 0.1 * g.array
             seen += 1
         # every parameter was found, also those of the list-held layers: conv1 W, bn1 (2),
         # separable conv (2 W) + its BN (2), skip W + skip BN (2), fc (2)
@@ -85,15 +85,15 @@ def test_eager_parameters_and_nested_set_params(rng):
     lin = autograd.Linear(200, 300)  # built in the constructor, as SINGA 3.0
     assert isinstance(lin, autograd.Layer) and isinstance(lin, layer.Linear)
     assert lin.W.shape == (200, 300) and lin.b.shape == (300,) and lin.W.stores_grad
-    assert np.asarray(lin.W.data).std() == pytest.approx(np.sqrt(2 / 500), rel=0.05)
+    assert np.asarray(lin.W.array).std() == pytest.approx(np.sqrt(2 / 500), rel=0.05)
     assert lin.get_params() == {"W": lin.W, "b": lin.b}
     w = rng.standard_normal((200, 300)).astype(np.float32)
     lin.set_params(W=w)
-    np.testing.assert_array_equal(np.asarray(lin.W.data), w)
+    np.testing.assert_array_equal(np.asarray(lin.W.array), w)
     lin.set_one_param("b", T(np.ones(300)))
-    np.testing.assert_array_equal(np.asarray(lin.b.data), 1)
+    np.testing.assert_array_equal(np.asarray(lin.b.array), 1)
     x = rng.standard_normal((2, 200)).astype(np.float32)
-    np.testing.assert_allclose(np.asarray(lin(T(x)).data), x @ w + 1, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(lin(T(x)).array), x @ w + 1, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="in_features"):
         lin(T(np.zeros((2, 3))))
 
@@ -105,10 +105,10 @@ def test_eager_parameters_and_nested_set_params(rng):
     assert bn.get_params().keys() == {"scale", "bias"} and bn.running_mean.shape == (4,)
 
     net = Net()
-    before = np.asarray(net.fc.W.data)
+    before = np.asarray(net.fc.W.array)
     with pytest.raises(ValueError, match=r"'block1.skip.W' expects shape"):
         net.set_params(fc={"W": np.zeros((24, 3))}, block1={"skip": {"W": np.zeros((6, 4))}})
-    np.testing.assert_array_equal(np.asarray(net.fc.W.data), before)  # checked before changing
+    np.testing.assert_array_equal(np.asarray(net.fc.W.array), before)  # checked before changing
     with pytest.raises(ValueError, match="no parameter or sublayer 'fc.V'"):
         net.set_params(fc={"V": np.zeros(3)})
     with pytest.raises(TypeError, match="is a layer"):
@@ -116,14 +116,14 @@ def test_eager_parameters_and_nested_set_params(rng):
     with pytest.raises(ValueError, match="not an allowed parameter"):
         lin.set_one_param("bias", np.zeros(3))
     net.set_params(fc={"W": np.zeros((24, 3))}, block1={"skip": {"W": np.ones((6, 4, 1, 1))}})
-    np.testing.assert_array_equal(np.asarray(net.block1.skip.W.data), 1)
+    np.testing.assert_array_equal(np.asarray(net.block1.skip.W.array), 1)
 
 
 def test_legacy_pools_and_recurrent_layers(rng):
     x = rng.standard_normal((1, 1, 4, 4)).astype(np.float32)
-    y = np.asarray(autograd.MaxPool2d(2)(T(x)).data)
+    y = np.asarray(autograd.MaxPool2d(2)(T(x)).array)
     np.testing.assert_array_equal(y, x.reshape(1, 1, 2, 2, 2, 2).max(axis=(3, 5)))
-    y = np.asarray(autograd.AvgPool2d(2, 1, 0, odd_padding=(0, 1, 0, 1))(T(x)).data)
+    y = np.asarray(autograd.AvgPool2d(2, 1, 0, odd_padding=(0, 1, 0, 1))(T(x)).array)
     assert y.shape == (1, 1, 4, 4)  # the odd padding adds a row and a column at the end
     windows = np.lib.stride_tricks.sliding_window_view(x[0, 0], (2, 2)).mean(axis=(2, 3))
     np.testing.assert_allclose(y[0, 0, :3, :3], windows, atol=1e-6)
@@ -143,7 +143,7 @@ def test_legacy_pools_and_recurrent_layers(rng):
     out, h, c = lstm(xs, (T(np.zeros((2, 4))), T(np.zeros((2, 4)))))
     h1, c1 = lstm.step_forward(xs[0], T(np.zeros((2, 4))), T(np.zeros((2, 4))), lstm.Wx,
                                lstm.Wh, lstm.Bx, lstm.Bh)
-    np.testing.assert_allclose(np.asarray(h1.data), np.asarray(out[0].data), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(h1.array), np.asarray(out[0].array), atol=1e-6)
     assert isinstance(autograd.RNN_Base(), autograd.Layer)
     with pytest.raises(NotImplementedError):
         autograd.RNN_Base().step_forward()
@@ -166,4 +166,4 @@ def test_legacy_layers_inside_a_modern_network(rng):
     net.set_states(values)
     x = rng.standard_normal((2, 4)).astype(np.float32)
     expected = (x @ values["fc1.W"] + values["fc1.b"]) @ values["fc2.W"] + values["fc2.b"]
-    np.testing.assert_allclose(np.asarray(net(T(x)).data), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(net(T(x)).array), expected, rtol=1e-5, atol=1e-5)

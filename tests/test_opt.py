@@ -140,13 +140,13 @@ def test_trajectory_matches_numpy_reference(kind, hp):
     losses = []
     for t in range(STEPS):
         loss = forward(params)
-        losses.append(float(loss.data))
+        losses.append(float(loss.array))
         o(loss)
         for got, want in zip(params, ref[t]):
-            np.testing.assert_allclose(np.asarray(got.data), want, rtol=1e-6, atol=1e-6)
-        assert float(o.step_counter.data[0]) == t + 1
-        assert float(o.lr_value.data[0]) == pytest.approx(float(sched_value(hp["lr"], t + 1)))
-    assert float(forward(params).data) < losses[0]  # the optimizer actually descends
+            np.testing.assert_allclose(np.asarray(got.array), want, rtol=1e-6, atol=1e-6)
+        assert float(o.step_counter.array[0]) == t + 1
+        assert float(o.lr_value.array[0]) == pytest.approx(float(sched_value(hp["lr"], t + 1)))
+    assert float(forward(params).array) < losses[0]  # the optimizer actually descends
 
 
 def test_adam_equals_pytorch_formulation():
@@ -160,9 +160,9 @@ def test_adam_equals_pytorch_formulation():
         v = 0.999 * v + 0.001 * g * g
         bc1, bc2 = 1 - 0.9 ** t, 1 - 0.999 ** t
         p = p - (0.01 / bc1) * m / (np.sqrt(v) / math.sqrt(bc2) + 1e-8)
-        o.update(params[0], Tensor(data=np_grads(np.asarray(params[0].data), B0)[0]))
+        o.update(params[0], Tensor(data=np_grads(np.asarray(params[0].array), B0)[0]))
         o.step()
-    np.testing.assert_allclose(np.asarray(params[0].data), p, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(params[0].array), p, rtol=1e-5, atol=1e-6)
 
 
 def test_sgd_dampening_differs_from_pytorch_on_first_step():
@@ -171,7 +171,7 @@ def test_sgd_dampening_differs_from_pytorch_on_first_step():
     g = Tensor(data=np.full(3, 2.0, np.float32))
     o = opt.SGD(lr=0.1, momentum=0.9, dampening=0.5)
     o.update(p, g)
-    np.testing.assert_allclose(np.asarray(p.data), 1 - 0.1 * 0.5 * 2.0, rtol=1e-7)
+    np.testing.assert_allclose(np.asarray(p.array), 1 - 0.1 * 0.5 * 2.0, rtol=1e-7)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def test_exponential_decay_at_several_steps(staircase):
         got = sched(Tensor(data=np.array([step], np.float32), requires_grad=False))
         assert got.shape == (1,) and got.dtype == np.float32
         exponent = (step // 3) if staircase else step / 3
-        np.testing.assert_allclose(np.asarray(got.data), [0.5 * 0.8 ** exponent], rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(got.array), [0.5 * 0.8 ** exponent], rtol=1e-6)
 
 
 def test_constant_at_several_steps():
@@ -192,7 +192,7 @@ def test_constant_at_several_steps():
     for step in [0, 1, 5, 1000]:
         got = sched(Tensor(data=np.array([step], np.float32), requires_grad=False))
         assert got.shape == (1,)
-        np.testing.assert_array_equal(np.asarray(got.data), [0.25])
+        np.testing.assert_array_equal(np.asarray(got.array), [0.25])
     with pytest.raises(TypeError, match="Constant: step must be a Tensor"):
         sched(3)
 
@@ -202,7 +202,7 @@ def test_optimizer_schedule_follows_step_counter():
                 weight_decay=opt.ExponentialDecay(0.1, 1, 0.9))
     seen = []
     for _ in range(5):
-        seen.append((float(o.lr_value.data[0]), float(o.decay_value.data[0])))
+        seen.append((float(o.lr_value.array[0]), float(o.decay_value.array[0])))
         o.step()
     np.testing.assert_allclose([s[0] for s in seen], [1, 1, .5, .5, .25])
     np.testing.assert_allclose([s[1] for s in seen], [0.1 * 0.9 ** t for t in range(5)], rtol=1e-6)
@@ -212,7 +212,7 @@ class StepDrop(opt.DecayScheduler):
     """A user schedule written SINGA's way (call on Tensors): halve after step 2."""
 
     def call(self, step):
-        return Tensor(data=jnp.where(step.data < 2, 1.0, 0.5) * self.init_value,
+        return Tensor(data=jnp.where(step.array < 2, 1.0, 0.5) * self.init_value,
                       requires_grad=False)
 
 
@@ -223,7 +223,7 @@ def test_user_scheduler_written_on_tensors():
     for _ in range(4):
         o.update(p, g)
         o.step()
-    np.testing.assert_allclose(np.asarray(p.data), -(0.2 + 0.2 + 0.1 + 0.1), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(p.array), -(0.2 + 0.2 + 0.1 + 0.1), rtol=1e-6)
     assert StepDrop(1.0) != StepDrop(1.0)  # identity-compared: never share a compiled kernel
     assert opt.Constant(0.1) == opt.Constant(0.1)
 
@@ -239,7 +239,7 @@ class LoudDecay(opt.ExponentialDecay):
     """Overrides call, so its own call (not the parent's pure value) must be used."""
 
     def call(self, step):
-        return Tensor(data=super().value(step.data) * 2, requires_grad=False)
+        return Tensor(data=super().value(step.array) * 2, requires_grad=False)
 
 
 def test_user_schedulers_pure_and_subclassed():
@@ -247,8 +247,8 @@ def test_user_schedulers_pure_and_subclassed():
     assert o.lr._pure and not o.momentum._pure
     lrs, moms = [], []
     for _ in range(4):
-        lrs.append(float(o.lr_value.data[0]))
-        moms.append(float(o.mom_value.data[0]))
+        lrs.append(float(o.lr_value.array[0]))
+        moms.append(float(o.mom_value.array[0]))
         o.step()
     np.testing.assert_allclose(lrs, [0.1, 0.2, 0.3, 0.3], rtol=1e-6)
     np.testing.assert_allclose(moms, [0.8, 0.4, 0.2, 0.1], rtol=1e-6)
@@ -266,29 +266,29 @@ def test_update_evaluates_each_schedule_at_the_current_step():
         o.step()
         buf = (0.5 if t < 2 else 0.25) * buf + 1.0
         expected -= [0.1, 0.2, 0.3, 0.3][t] * buf
-    np.testing.assert_allclose(np.asarray(p.data), expected, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(p.array), expected, rtol=1e-6)
 
 
 class StepDropMomentum(opt.DecayScheduler):
     def call(self, step):
-        return Tensor(data=jnp.where(step.data < 2, 1.0, 0.5) * self.init_value,
+        return Tensor(data=jnp.where(step.array < 2, 1.0, 0.5) * self.init_value,
                       requires_grad=False)
 
 
 def test_constant_values_are_set_once_and_moving_ones_every_step():
     o = opt.SGD(lr=0.1, momentum=0.9, weight_decay=opt.ExponentialDecay(0.1, 1, 0.5))
-    lr_array, mom_array, decay_array = o.lr_value.data, o.mom_value.data, o.decay_value.data
+    lr_array, mom_array, decay_array = o.lr_value.array, o.mom_value.array, o.decay_value.array
     for _ in range(3):
         o.step()
     # a constant's value tensor is never rewritten (so a compiled step need not carry it)...
-    assert o.lr_value.data is lr_array and o.mom_value.data is mom_array
-    np.testing.assert_allclose(np.asarray(o.lr_value.data), [0.1], rtol=1e-7)
+    assert o.lr_value.array is lr_array and o.mom_value.array is mom_array
+    np.testing.assert_allclose(np.asarray(o.lr_value.array), [0.1], rtol=1e-7)
     # ...a moving schedule's is, at every step
-    assert o.decay_value.data is not decay_array
-    np.testing.assert_allclose(np.asarray(o.decay_value.data), [0.1 * 0.5 ** 3], rtol=1e-6)
+    assert o.decay_value.array is not decay_array
+    np.testing.assert_allclose(np.asarray(o.decay_value.array), [0.1 * 0.5 ** 3], rtol=1e-6)
     o.set_states({"step_counter": 1.0})  # set_states refreshes all of them
-    np.testing.assert_allclose(np.asarray(o.decay_value.data), [0.05], rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(o.lr_value.data), [0.1], rtol=1e-7)
+    np.testing.assert_allclose(np.asarray(o.decay_value.array), [0.05], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(o.lr_value.array), [0.1], rtol=1e-7)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,21 +309,21 @@ def test_get_set_states_continues_bit_for_bit(kind, hp):
     params_b, opt_b = make_params(), build(kind, hp)
     for _ in range(3):
         opt_b(forward(params_b))
-    saved_params = [np.asarray(p.data).copy() for p in params_b]
-    saved_states = {k: np.asarray(v.data).copy() for k, v in opt_b.get_states().items()}
+    saved_params = [np.asarray(p.array).copy() for p in params_b]
+    saved_states = {k: np.asarray(v.array).copy() for k, v in opt_b.get_states().items()}
     assert "step_counter" in saved_states and saved_states["step_counter"].tolist() == [3.0]
 
     params_c, opt_c = make_params(*saved_params), build(kind, hp)
     opt_c.set_states(saved_states)
-    assert float(opt_c.lr_value.data[0]) == float(opt_b.lr_value.data[0])
+    assert float(opt_c.lr_value.array[0]) == float(opt_b.lr_value.array[0])
     for _ in range(3):
         opt_c(forward(params_c))
     for a, c in zip(params_a, params_c):
-        np.testing.assert_array_equal(np.asarray(a.data), np.asarray(c.data))
+        np.testing.assert_array_equal(np.asarray(a.array), np.asarray(c.array))
     states_a, states_c = opt_a.get_states(), opt_c.get_states()
     assert sorted(states_a) == sorted(states_c)
     for k in states_a:
-        np.testing.assert_array_equal(np.asarray(states_a[k].data), np.asarray(states_c[k].data))
+        np.testing.assert_array_equal(np.asarray(states_a[k].array), np.asarray(states_c[k].array))
 
 
 def test_state_naming_and_singa_nested_form():
@@ -334,20 +334,20 @@ def test_state_naming_and_singa_nested_form():
 
     fresh = opt.Adam(lr=0.01)
     fresh.set_states({"step_counter": np.float32(1.0),
-                      "m": {k: np.asarray(t.data) for k, t in o.m.items()},
+                      "m": {k: np.asarray(t.array) for k, t in o.m.items()},
                       "v": {k: t for k, t in o.v.items()}})
     assert sorted(fresh.get_states()) == sorted(o.get_states())
-    p2 = make_params(*[np.asarray(p.data) for p in params])
+    p2 = make_params(*[np.asarray(p.array) for p in params])
     o(forward(params))
     fresh(forward(p2))
     for a, b in zip(params, p2):
-        np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+        np.testing.assert_array_equal(np.asarray(a.array), np.asarray(b.array))
 
 
 def test_set_states_rejects_bad_input_without_changing_state():
     params, o = make_params(), opt.SGD(lr=0.1, momentum=0.9)
     o(forward(params))
-    before = {k: np.asarray(v.data).copy() for k, v in o.get_states().items()}
+    before = {k: np.asarray(v.array).copy() for k, v in o.get_states().items()}
     with pytest.raises(ValueError, match=r"SGD.set_states: unknown state 'm/W'"):
         o.set_states({"step_counter": 5.0, "m/W": np.zeros((3, 2))})
     with pytest.raises(ValueError, match="step_counter must hold one value"):
@@ -356,7 +356,7 @@ def test_set_states_rejects_bad_input_without_changing_state():
         o.set_states({"moments/W": "abc"})
     after = o.get_states()
     for k, v in before.items():
-        np.testing.assert_array_equal(np.asarray(after[k].data), v)
+        np.testing.assert_array_equal(np.asarray(after[k].array), v)
 
 
 def test_loaded_slot_with_wrong_shape_is_reported():
@@ -365,7 +365,7 @@ def test_loaded_slot_with_wrong_shape_is_reported():
     params = make_params()
     with pytest.raises(ValueError, match=r"slot 'moments' of param 'W'.*\(2, 2\).*\(3, 2\)"):
         o(forward(params))
-    np.testing.assert_array_equal(np.asarray(params[0].data), W0)
+    np.testing.assert_array_equal(np.asarray(params[0].array), W0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,7 +381,7 @@ def test_fused_update_equals_per_param_update(kind, hp):
             single.update(p, g)
         single.step()
     for a, b in zip(fused_params, single_params):
-        np.testing.assert_allclose(np.asarray(a.data), np.asarray(b.data), rtol=1e-7, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(a.array), np.asarray(b.array), rtol=1e-7, atol=1e-7)
 
 
 def test_one_kernel_launch_per_step(monkeypatch):
@@ -413,8 +413,8 @@ def test_params_sharing_a_name_get_their_own_slots():
     assert sorted(o.moments) == ["W", "W~1"]
     assert o.moments["W"].shape == (2, 2) and o.moments["W~1"].shape == (3,)
     # buf1 = g, buf2 = 1.5 g -> p = 1 - 0.1 * 2.5 g
-    np.testing.assert_allclose(np.asarray(p1.data), 1 - 0.25 * 1.0, rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(p2.data), 1 - 0.25 * 3.0, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(p1.array), 1 - 0.25 * 1.0, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(p2.array), 1 - 0.25 * 3.0, rtol=1e-6)
 
 
 def test_update_rejects_mismatched_grad_before_any_change():
@@ -426,7 +426,7 @@ def test_update_rejects_mismatched_grad_before_any_change():
     with pytest.raises(TypeError, match="must be floating point"):
         o.update(p, Tensor(data=np.ones((2, 2), np.int32)))
     assert o.m == {} and o.v == {}
-    np.testing.assert_array_equal(np.asarray(p.data), 1.0)
+    np.testing.assert_array_equal(np.asarray(p.array), 1.0)
 
 
 def test_low_precision_params_keep_their_dtype():
@@ -437,24 +437,24 @@ def test_low_precision_params_keep_their_dtype():
     o.update(p, g)
     o.update(p, g)
     assert p.dtype == np.float16 and o.moments["h"].dtype == np.float16
-    g32 = np.asarray(g.data).astype(np.float32)
+    g32 = np.asarray(g.array).astype(np.float32)
     buf1 = g32.astype(np.float16).astype(np.float32)
     p1 = (np.array([1.0, -2.0, 0.5], np.float32) - np.float32(0.1) * g32).astype(np.float16)
     buf2 = np.float32(0.9) * buf1 + g32  # rounded to float16 only when stored
     p2 = (p1.astype(np.float32) - np.float32(0.1) * buf2).astype(np.float16)
-    np.testing.assert_array_equal(np.asarray(p.data), p2)
+    np.testing.assert_array_equal(np.asarray(p.array), p2)
 
 
 def test_user_optimizer_overriding_apply_is_used_per_param():
     class SignSGD(opt.Optimizer):
         def apply(self, param_name, param_value, param_grad):
-            param_value.data = param_value.data - self.lr_value.data * jnp.sign(param_grad.data)
+            param_value.array = param_value.array - self.lr_value.array * jnp.sign(param_grad.array)
 
     params = make_params()
     o = SignSGD(0.01)
     o(forward(params))
     grads = np_grads(W0, B0)
-    np.testing.assert_allclose(np.asarray(params[0].data), W0 - 0.01 * np.sign(grads[0]), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(params[0].array), W0 - 0.01 * np.sign(grads[0]), rtol=1e-6)
     with pytest.raises(NotImplementedError, match="base Optimizer has no update rule"):
         opt.Optimizer(0.1).update(params[0], Tensor(data=np.ones((3, 2), np.float32)))
 
@@ -525,18 +525,18 @@ def _compile_step(params, o):
         rec = _Recorder()
         with trace_hook(rec):
             for t, a in zip(state, arrays):
-                t.data = a
+                t.array = a
             o(forward(params))
         kept = {id(t) for t in o.get_states().values()}
         new_slots[:] = [t for t in rec.new_tensors if id(t) in kept]
-        return [t.data for t in state], [t.data for t in new_slots]
+        return [t.array for t in state], [t.array for t in new_slots]
 
     jitted = jax.jit(pure)
 
     def run():
-        out, created = jitted([t.data for t in state])
+        out, created = jitted([t.array for t in state])
         for t, a in zip(list(state) + new_slots, list(out) + list(created)):
-            t.data = a
+            t.array = a
 
     return run
 
@@ -547,16 +547,16 @@ def test_traced_steps_match_eager_and_schedule_advances():
     params, o = make_params(), build("Adam", hp)
     _compile_step(params, o)()  # first step: slots are created while tracing
     assert sorted(o.get_states()) == ["m/W", "m/b", "step_counter", "v/W", "v/b"]
-    np.testing.assert_allclose(np.asarray(params[0].data), ref[0][0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(params[0].array), ref[0][0], rtol=1e-6, atol=1e-6)
     step = _compile_step(params, o)  # traced once, run four times
     lrs = []
     for t in range(1, 5):
         step()
-        lrs.append(float(o.lr_value.data[0]))
+        lrs.append(float(o.lr_value.array[0]))
         for got, want in zip(params, ref[t]):
-            np.testing.assert_allclose(np.asarray(got.data), want, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(np.asarray(got.array), want, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(lrs, [0.02 * 0.5 ** t for t in range(2, 6)], rtol=1e-6)
-    assert float(o.step_counter.data[0]) == 5
+    assert float(o.step_counter.array[0]) == 5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -570,14 +570,14 @@ def test_distopt_equals_wrapped_optimizer():
         plain(forward(plain_params))
         dist(forward(dist_params))
     for a, b in zip(plain_params, dist_params):
-        np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
-    assert float(dist.step_counter.data[0]) == 3  # delegated to the wrapped optimizer
+        np.testing.assert_array_equal(np.asarray(a.array), np.asarray(b.array))
+    assert float(dist.step_counter.array[0]) == 3  # delegated to the wrapped optimizer
     partial_params = make_params()
     d2 = opt.DistOpt(opt.SGD(lr=0.05, momentum=0.9))
     for _ in range(3):
         d2.backward_and_partial_update(forward(partial_params))
     for a, b in zip(plain_params, partial_params):
-        np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+        np.testing.assert_array_equal(np.asarray(a.array), np.asarray(b.array))
 
 
 def test_distopt_rejects_several_processes():
@@ -593,10 +593,10 @@ def test_distopt_half_precision_rounds_and_clips():
     d.backward_and_update_half(forward(params), clipping=True, clip_Value=1.5)
     for p0, p, g in zip([W0, B0], params, np_grads(W0, B0)):
         sent = np.clip(g, -1.5, 1.5).astype(np.float16).astype(np.float32)
-        np.testing.assert_allclose(np.asarray(p.data), p0 - np.float32(0.05) * sent, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(p.array), p0 - np.float32(0.05) * sent, rtol=1e-6)
     t = Tensor(data=np.array([1.0001, 3.14159], np.float32))
     d.all_reduce_half(t)
-    np.testing.assert_array_equal(np.asarray(t.data),
+    np.testing.assert_array_equal(np.asarray(t.array),
                                   np.array([1.0001, 3.14159], np.float16).astype(np.float32))
     assert d.all_reduce(t) is t and d.fused_all_reduce([t])[0] is t
 
@@ -608,15 +608,15 @@ def test_distopt_sparsification_threshold_and_topk():
     t, acc = Tensor(data=g), Tensor(data=acc0)
     d.sparsification(t, acc, 1.0, False)
     total = g + acc0
-    np.testing.assert_array_equal(np.asarray(t.data), np.where(np.abs(total) >= 1.0, total, 0))
-    np.testing.assert_array_equal(np.asarray(acc.data), np.where(np.abs(total) >= 1.0, 0, total))
+    np.testing.assert_array_equal(np.asarray(t.array), np.where(np.abs(total) >= 1.0, total, 0))
+    np.testing.assert_array_equal(np.asarray(acc.array), np.where(np.abs(total) >= 1.0, 0, total))
 
     a, b = Tensor(data=g[:2]), Tensor(data=g[2:])
     d.fused_sparsification([a, b], None, 0.5, True)  # keep ceil(0.5 * 6) = 3 largest |g|
     kept = np.zeros_like(g)
     top = np.argsort(-np.abs(g))[:3]
     kept[top] = g[top]
-    np.testing.assert_array_equal(np.concatenate([np.asarray(a.data), np.asarray(b.data)]), kept)
+    np.testing.assert_array_equal(np.concatenate([np.asarray(a.array), np.asarray(b.array)]), kept)
     with pytest.raises(ValueError, match="accumulation has 2 values but the tensors have 6"):
         d.fused_sparsification([a, b], Tensor(data=np.zeros(2, np.float32)), 0.5, True)
 
@@ -629,5 +629,5 @@ def test_distopt_sparse_update_keeps_residual():
     assert [a.shape for a in d.gradAccumulation] == [(6,), (2,)]
     for p0, p, g, acc in zip([W0, B0], params, grads, d.gradAccumulation):
         sent = np.where(np.abs(g) >= 1.0, g, 0)
-        np.testing.assert_allclose(np.asarray(p.data), p0 - np.float32(0.05) * sent, rtol=1e-6)
-        np.testing.assert_allclose(np.asarray(acc.data), (g - sent).reshape(-1), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(p.array), p0 - np.float32(0.05) * sent, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(acc.array), (g - sent).reshape(-1), rtol=1e-6)

@@ -165,8 +165,8 @@ _MODULES_WITH_ALL = [p for p in _ALL_FILES if "__all__" in p.read_text(encoding=
 
 def test_the_package_is_found():
     # guards the parametrized tests below against silently collecting nothing
-    assert (PACKAGE / "tensor.py").is_file()
-    assert {"tensor.py", "dtypes.py", "initializer.py"} <= {p.name for p in _MODULES_WITH_ALL}
+    assert (PACKAGE / "tensor" / "__init__.py").is_file()
+    assert {"__init__.py", "dtypes.py", "initializer.py"} <= {p.name for p in _MODULES_WITH_ALL}
 
 
 @pytest.mark.parametrize("path", _params(_MODULES_WITH_ALL))

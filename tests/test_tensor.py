@@ -116,9 +116,9 @@ def test_inplace_operators_rebind_the_handle(rng, sym, rhs_shape):
     b = np.abs(sample(rng, rhs_shape)) + 0.5
     t = T(a)
     alias = t.clone()  # another handle on the same (immutable) array
-    old_array = t.data
+    old_array = t.array
     r = ifn(t, T(b))
-    assert r is t and t.data is not old_array
+    assert r is t and t.array is not old_array
     close(t, npfn(a, b), rtol=1e-5)
     close(alias, a)  # rebinding one handle leaves the other alone
     r = ifn(t, 2)
@@ -618,7 +618,7 @@ def test_to_host_and_to_device_on_one_device(rng):
 def test_raw_tensors():
     arr = jnp.arange(4.0)
     t = tensor.from_raw_tensor(arr)
-    assert isinstance(t, tensor.PlaceHolder) and t.data is not None
+    assert isinstance(t, tensor.PlaceHolder) and t.array is not None
     close(t, np.arange(4.0))
     assert [x.shape for x in tensor.from_raw_tensors([arr, arr[:2]])] == [(4,), (2,)]
     assert isinstance(t.data, tensor.CTensor)
@@ -788,8 +788,9 @@ def test_dummy_holds_its_tensor_weakly():
 def test_tensor_and_creator_do_not_import_autograd():
     import ast
     import pathlib
-    root = pathlib.Path(tensor.__file__).parent
-    for module in ("tensor.py", "creator.py", "dtypes.py", "sampling.py"):
+    root = pathlib.Path(tensor.__file__).parent.parent
+    for module in ("tensor/__init__.py", "tensor/handle.py", "tensor/functions.py", "creator.py",
+                   "ctensor.py", "dtypes.py", "sampling.py"):
         tree = ast.parse((root / module).read_text())
         imported = [node.module or "" for node in ast.walk(tree)
                     if isinstance(node, ast.ImportFrom)]
@@ -806,10 +807,33 @@ def test_hash_is_identity_and_tensors_are_dict_keys():
     assert len({a, b, a}) == 2
 
 
-def test_truth_value():
-    assert bool(T(np.array([2.0], np.float32))) and not bool(T(np.float32(0.0)))
-    with pytest.raises(ValueError, match="ambiguous"):
-        bool(tensor.Tensor((2, 2)))
+def test_truth_value_is_singas():
+    # SINGA's Tensor has no __bool__: every Tensor is truthy, whatever its values or shape
+    for t in (T(np.float32(0.0)), T(np.zeros((2, 2), np.float32)), tensor.Tensor((0,))):
+        assert bool(t) is True
+    assert [1 for t in (T(np.float32(0.0)),) if t] == [1]
+
+
+def test_shape_and_dtype_assignments_may_only_restate_them():
+    t = tensor.Tensor((2, 3))
+    t.shape, t.dtype = (2, 3), tensor.float32  # SINGA code does this after rebinding .data
+    assert t.shape == (2, 3) and t.dtype == tensor.float32
+    with pytest.raises(ValueError, match="cannot set shape"):
+        t.shape = (3, 2)
+    with pytest.raises(ValueError, match="cannot set dtype"):
+        t.dtype = tensor.int32
+    assert t.shape == (2, 3) and t.dtype == tensor.float32
+
+
+def test_data_is_a_ctensor_bound_to_the_tensor():
+    t = tensor.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    ct = t.data
+    assert isinstance(ct, tensor.CTensor) and ct.shape() == (2, 3) and ct.shape == (2, 3)
+    ct += 1.0  # an in-place C++ method rebinds the Tensor's array
+    np.testing.assert_array_equal(tensor.to_numpy(t), np.arange(1, 7).reshape(2, 3))
+    t.data = tensor.CTensor.from_array(t.array * 2)  # t.data = <CTensor> rebinds too
+    np.testing.assert_array_equal(np.asarray(t.data), 2 * np.arange(1, 7).reshape(2, 3))
+    assert isinstance(t.array, jax.Array)
 
 
 def test_tensor_functions_run_on_tracers(rng):
@@ -820,7 +844,7 @@ def test_tensor_functions_run_on_tracers(rng):
         t += 1
         t.add_row(Tensor(data=x[0]))
         y = tensor.softmax(tensor.mult(t, t.T())) * 2 - tensor.sum(t, 0).reshape((1, 3))[0:1, :2]
-        return y.data
+        return y.array
 
     expected = step(jnp.asarray(a))
     np.testing.assert_allclose(jax.jit(step)(jnp.asarray(a)), expected, rtol=1e-5)

@@ -39,15 +39,15 @@ def test_odd_pad_forward_and_backward(rng):
 
 def test_same_pad_shape_check_and_re_new_handle():
     x = tensor.Tensor((2, 3, 7, 7))
-    h = ConvHandle(x.data, (3, 3), (2, 2), (1, 1), 3, 4, True, 1)
-    assert utils.same_pad_shape_check(h, "SAME_UPPER", x.data) == [1, 1, 1, 1]
-    bad = ConvHandle(x.data, (3, 3), (2, 2), (0, 0), 3, 4, True, 1)
+    h = ConvHandle(x.array, (3, 3), (2, 2), (1, 1), 3, 4, True, 1)
+    assert utils.same_pad_shape_check(h, "SAME_UPPER", x.array) == [1, 1, 1, 1]
+    bad = ConvHandle(x.array, (3, 3), (2, 2), (0, 0), 3, 4, True, 1)
     with pytest.raises(ValueError, match="should be"):
-        utils.same_pad_shape_check(bad, "SAME_UPPER", x.data)
-    h2 = utils.re_new_handle(h, tensor.Tensor((5, 3, 9, 9)).data)
+        utils.same_pad_shape_check(bad, "SAME_UPPER", x.array)
+    h2 = utils.re_new_handle(h, tensor.Tensor((5, 3, 9, 9)).array)
     assert type(h2) is ConvHandle and (h2.batchsize, h2.height, h2.conv_height) == (5, 9, 5)
-    ph = PoolingHandle(x.data, (2, 2), (2, 2), (0, 0), False)
-    ph2 = utils.re_new_handle(ph, tensor.Tensor((1, 3, 8, 8)).data, is_pool=True)
+    ph = PoolingHandle(x.array, (2, 2), (2, 2), (0, 0), False)
+    ph2 = utils.re_new_handle(ph, tensor.Tensor((1, 3, 8, 8)).array, is_pool=True)
     assert ph2.pooled_height == 4 and not ph2.is_max_pooling
 
 

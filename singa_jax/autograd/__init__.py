@@ -4,7 +4,8 @@
 It is a view of :mod:`singa_jax.modes` (reading gives this thread's training mode; assigning sets
 it, see there), so ``autograd.training = True`` works as in SINGA while the mode stays scoped.
 The engine (engine.py) knows nothing about particular ops; the operator kit is function.py; the
-catalogue is split by family.
+catalogue is split by family. PyTorch-style autograd (``Tensor.backward``, ``.grad``, :func:`grad`,
+grad mode) is in torch_style.py.
 """
 import sys
 import types
@@ -12,13 +13,15 @@ import types
 from .. import modes as _modes
 from .engine import (Operator, Operation, Dummy, infer_dependency, gradients, backward,  # noqa: F401
                      is_training)
-from .function import (Function, make_function, CTensor, axis_helper, back_broadcast,  # noqa: F401
+from .function import (Function, InvalidInput, make_function, CTensor, axis_helper, back_broadcast,  # noqa: F401
                        ctensor2numpy)
 from .elementwise import *  # noqa: F401,F403
 from .shape import *  # noqa: F401,F403
 from .reduce import *  # noqa: F401,F403
 from .nn import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
+from .torch_style import (grad, no_grad, enable_grad, set_grad_enabled,  # noqa: F401
+                          is_grad_enabled)
 
 
 

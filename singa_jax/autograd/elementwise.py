@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 
 from ..tensor import Tensor, to_dtype
-from .function import Function, TensorArgsOp, declare
+from .function import Function, InvalidInput, TensorArgsOp, declare
 
 __all__ = [
     # unary
@@ -321,7 +321,7 @@ class AddBias(Function):
 
     def __init__(self, axis: int = 0):
         if axis not in (0, 1):
-            raise ValueError(f"AddBias: axis must be 0 (rows) or 1 (columns), got {axis!r}")
+            raise InvalidInput(f"AddBias: axis must be 0 (rows) or 1 (columns), got {axis!r}")
         super().__init__(axis=axis)
 
 

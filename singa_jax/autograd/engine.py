@@ -6,17 +6,25 @@ and ``y_id2idx`` (which output is which). :func:`backward` walks that graph from
 dependency order: an operator runs its backward once all of its outputs' gradients have arrived,
 gradients of a tensor used by several operators are summed, and every tensor with
 ``stores_grad=True`` is yielded with its gradient. This module knows nothing about particular ops.
+
+Retaining the graph. SINGA's entry points (:func:`backward`, :func:`gradients`, an optimizer's
+``opt(loss)``) leave the graph intact, so one graph can be back-propagated twice (SINGA's GAN
+example iterates ``autograd.backward(loss)`` and then calls ``optimizer(loss)``); the residuals die
+with the graph. PyTorch-style entry points (``Tensor.backward``, ``autograd.grad``, see
+:mod:`~singa_jax.autograd.torch_style`) free every operator they pass unless
+``retain_graph=True``; a later backward that meets a freed operator raises RuntimeError.
 """
 from __future__ import annotations
 
 from collections import Counter, deque
 from functools import partial
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 
 from ..creator import Dummy, Node  # noqa: F401
+from ..ctensor import CTensor, as_array
 from ..modes import is_grad_enabled, is_training
 from ..tensor import Tensor
 
@@ -27,15 +35,21 @@ __all__ = ["Operator", "Operation", "Dummy", "infer_dependency", "gradients", "b
 class Operator(Node):
     """Base of every differentiable operation.
 
-    Subclasses implement ``forward(*arrays)`` returning an array or a tuple of arrays and
-    ``backward(*dys)`` returning one gradient (or None) per input. Both work on ``jax.Array``s
-    (``Tensor.data``), never on Tensors. Calling the operator on Tensors (``_do_forward``, the
-    engine's only door into an op) records the graph and the inputs' device, then calls
-    ``forward`` on their arrays; an op needing more than its inputs declares it (see
-    :class:`~singa_jax.autograd.function.Function`).
+    Subclasses implement ``forward(*xs)`` returning one value or a tuple and ``backward(*dys)``
+    returning one gradient (or None) per input, never on Tensors. As in SINGA, a user's operator
+    gets CTensors (``Tensor.data``) and may return CTensors, arrays or Tensors; the built-in
+    operators (``takes_arrays = True``) get and return plain ``jax.Array``s, which is cheaper.
+    Calling the operator on Tensors (``_do_forward``, the engine's only door into an op) records
+    the graph and the inputs' device, then calls ``forward``; an op needing more than its inputs
+    declares it (see :class:`~singa_jax.autograd.function.Function`).
     """
 
     op_count = 0
+    takes_arrays = False  # True: forward/backward see jax.Arrays instead of CTensors
+    # True when an input depends on a PyTorch-style leaf (``Tensor.tracked``): the op then keeps
+    # its backward state whatever ``autograd.training`` says (see autograd.torch_style)
+    tracked = False
+    freed = False  # released by a backward without retain_graph: cannot be passed again
 
     def __init__(self, name: Optional[str] = None):
         if name is None:
@@ -48,27 +62,50 @@ class Operator(Node):
     def __call__(self, *xs: Tensor) -> Tuple[Tensor, ...]:
         return self._do_forward(*xs)
 
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} operator {self.name!r}>"
+
     def _do_forward(self, *xs: Tensor) -> Tuple[Tensor, ...]:
+        requires_grad = tracked = False
         for i, x in enumerate(xs):
             if not isinstance(x, Tensor):
                 raise TypeError(f"{type(self).__name__}: input {i} must be a Tensor, got "
                                 f"{type(x).__name__}")
-        self.requires_grad = any(x.requires_grad for x in xs) and is_grad_enabled()
+            if x.requires_grad:
+                requires_grad = True
+                tracked = tracked or x.tracked
+        self.requires_grad = requires_grad = requires_grad and is_grad_enabled()
+        self.tracked = tracked = tracked and requires_grad
         self.src = [(x.creator, id(x), x if x.stores_grad else None, x.stores_grad) for x in xs]
+        # which inputs' gradients anyone can use: one that requires grad and is kept
+        # (stores_grad), tracked (PyTorch-style) or made by an op; a plain leaf such as the
+        # input batch gets none (eager mode then skips e.g. the first convolution's input grad)
+        self.input_needs_grad = tuple(
+            x.requires_grad and (x.stores_grad or x.tracked or not isinstance(x.creator, Dummy))
+            for x in xs)
         self.device = dev = xs[0].device if xs else None
-        ys = self.forward(*(x.data for x in xs))
+        if self.takes_arrays:
+            ys = self.forward(*(x.array for x in xs))
+        else:
+            ys = self.forward(*(x.data for x in xs))
         if not isinstance(ys, tuple):
             ys = (ys,)
         outs = tuple(Tensor(device=dev, data=y, requires_grad=self.requires_grad, creator=self,
                             name=self.output_name(i)) for i, y in enumerate(ys))
         self.y_id2idx = {id(y): i for i, y in enumerate(outs)}
+        if tracked:
+            for y in outs:
+                y.tracked = True
         return outs
 
     def _do_backward(self, *dys) -> Tuple[Any, ...]:
-        dxs = self.backward(*dys)
+        if self.takes_arrays:
+            dxs = self.backward(*dys)
+            return tuple(dxs) if isinstance(dxs, (tuple, list)) else (dxs,)
+        dxs = self.backward(*(None if d is None else CTensor.from_array(d) for d in dys))
         if not isinstance(dxs, (tuple, list)):
             dxs = (dxs,)
-        return tuple(dxs)
+        return tuple(None if d is None else _gradient_array(self, d) for d in dxs)
 
     def forward(self, *xs):
         raise NotImplementedError
@@ -80,6 +117,13 @@ class Operator(Node):
 Operation = Operator  # SINGA 2.x name
 
 
+def _gradient_array(op: Operator, dx: Any) -> jax.Array:
+    """A user operator's gradient (a Tensor, CTensor or array) as the array the engine sums."""
+    if isinstance(dx, Tensor):
+        return dx.array
+    return as_array(dx, f"{op.name}.backward")
+
+
 def infer_dependency(op: Operator) -> Tuple[Counter, Counter]:
     """For the graph ending at ``op``: how many uses each operator's outputs have
     (``op_count``) and how many uses each tensor has (``tensor_count``).
@@ -89,15 +133,28 @@ def infer_dependency(op: Operator) -> Tuple[Counter, Counter]:
     its id), and CPython may give its id to a Tensor made later, say a parameter a layer builds
     lazily: keyed by id alone, the two would share one count and the parameter's gradient would
     never be yielded. The creator (alive while the graph is) tells them apart."""
+    return _dependencies([op])
+
+
+def _dependencies(ops: Sequence[Operator]) -> Tuple[Counter, Counter]:
+    """:func:`infer_dependency` for the graph ending at several operators; RuntimeError when it
+    meets an operator freed by an earlier backward (before any gradient is computed)."""
     op_count: Counter = Counter()
     tensor_count: Counter = Counter()
-    queue = deque([op])
+    queue = deque(ops)
+    queued = set(ops)
     while queue:
         cur = queue.pop()
+        if cur.freed:
+            raise RuntimeError(
+                f"backward: the graph through {cur.name} was already freed by an earlier "
+                f"backward (Tensor.backward / autograd.grad free the graph they pass); call the "
+                f"first backward with retain_graph=True to back-propagate through it again")
         for src_op, xid, _, _ in cur.src:
             # an op needing no grad never runs backward: its inputs get nothing through it, so
             # counting them would leave their gradients waiting forever
-            if src_op not in op_count and src_op.requires_grad:
+            if src_op not in queued and src_op.requires_grad:
+                queued.add(src_op)
                 queue.append(src_op)
             op_count[src_op] += 1
             tensor_count[src_op, xid] += 1
@@ -111,10 +168,12 @@ def fill_like(value, shape: Tuple[int, ...], dtype) -> jax.Array:
     return jnp.broadcast_to(jnp.asarray(value, dtype), shape)
 
 
-def _root_grad(y: Tensor, dy) -> jax.Array:
+def root_grad(y: Tensor, dy: Any) -> jax.Array:
     """The gradient fed into ``y.creator``: ``dy`` (default 1.0) broadcast to y's shape."""
     if isinstance(dy, Tensor):
-        dy = dy.data
+        dy = dy.array
+    elif isinstance(dy, CTensor):
+        dy = dy._array
     if dy is None:
         dy = 1.0
     dtype = y.dtype if jnp.issubdtype(y.dtype, jnp.inexact) else jnp.dtype(jnp.float32)
@@ -125,25 +184,40 @@ def _root_grad(y: Tensor, dy) -> jax.Array:
                          f"{y.shape}") from e
 
 
-def backward(y: Tensor, dy: Any = None) -> Iterator[Tuple[Tensor, Tensor]]:
-    """Run back-propagation from ``y`` (usually the loss); yield ``(tensor, gradient)`` for every
-    tensor with ``stores_grad=True`` as soon as its gradient is complete.
+def _walks_into(creator: Node) -> bool:
+    """Whether backward runs ``creator``'s backward (an operator that recorded a gradient)."""
+    return creator.requires_grad and not isinstance(creator, Dummy)
 
-    ``dy`` (a number or Tensor; default 1.0) is the gradient of the objective w.r.t. ``y``. Unlike
-    SINGA's, ``y`` may have any size and be produced by any op.
-    """
-    if not isinstance(y, Tensor):
-        raise TypeError(f"backward: y must be a Tensor, got {type(y).__name__}")
-    g = _root_grad(y, dy)
-    if y.stores_grad:
-        yield y, Tensor(device=y.device, data=g, name=y.creator.grad_name(0))
-    if isinstance(y.creator, Dummy) or not y.creator.requires_grad:
-        return
-    op_dep, tensor_dep = infer_dependency(y.creator)
-    root_dys = [None] * len(y.creator.y_id2idx)  # y may be any output of a multi-output op
-    root_dys[y.creator.y_id2idx[id(y)]] = g
-    ready = deque([(y.creator, root_dys)])
-    not_ready: Dict[Operator, list] = {}
+
+def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool = True,
+                  wanted: Optional[Dict[Tuple[Node, int], Tensor]] = None
+                  ) -> Iterator[Tuple[Tensor, jax.Array, str]]:
+    """The engine's walk from one or more ``(tensor, gradient array)`` roots; yields
+    ``(tensor, gradient array, gradient name)`` for every tensor with ``stores_grad=True`` and
+    every tensor of ``wanted`` (``{(tensor.creator, id(tensor)): tensor}``) as soon as its
+    gradient is complete. Without ``retain_graph`` every operator passed is freed (released
+    and marked, so that a later walk through it raises)."""
+    wanted = wanted or {}
+    ops = list({y.creator: None for y, _ in roots if _walks_into(y.creator)})
+    op_dep, tensor_dep = _dependencies(ops)
+    not_ready: Dict[Node, list] = {}
+    for y, g in roots:  # a root may also be used by another root's graph: sum, then wait
+        grads = not_ready.setdefault(y.creator, [None] * len(y.creator.y_id2idx))
+        idx = y.creator.y_id2idx[id(y)]
+        grads[idx] = g if grads[idx] is None else grads[idx] + g
+    ready = deque()
+    yielded = set()
+    for y, _ in roots:
+        key = (y.creator, id(y))
+        if tensor_dep[key] == 0 and key not in yielded and (y.stores_grad or key in wanted):
+            yielded.add(key)
+            yield y, not_ready[y.creator][y.creator.y_id2idx[id(y)]], \
+                y.creator.grad_name(y.creator.y_id2idx[id(y)])
+    for creator in list(not_ready):
+        if op_dep[creator] == 0:
+            if _walks_into(creator):
+                ready.append((creator, not_ready[creator]))
+            del not_ready[creator]
     while ready:
         op, dys = ready.pop()
         dxs = op._do_backward(*dys)
@@ -151,7 +225,8 @@ def backward(y: Tensor, dy: Any = None) -> Iterator[Tuple[Tensor, Tensor]]:
             raise RuntimeError(f"{op.name}: backward returned {len(dxs)} gradients for "
                                f"{len(op.src)} inputs")
         for (src_op, x_id, x, x_stores_grad), dx in zip(op.src, dxs):
-            if isinstance(src_op, Dummy) and not x_stores_grad:
+            if isinstance(src_op, Dummy) and not x_stores_grad and \
+                    not (wanted and (src_op, x_id) in wanted):
                 continue
             grads = not_ready.get(src_op)
             if grads is None:
@@ -161,14 +236,32 @@ def backward(y: Tensor, dy: Any = None) -> Iterator[Tuple[Tensor, Tensor]]:
                 grads[y_idx] = dx if grads[y_idx] is None else grads[y_idx] + dx
             op_dep[src_op] -= 1
             tensor_dep[src_op, x_id] -= 1
-            if x_stores_grad and tensor_dep[src_op, x_id] == 0 and grads[y_idx] is not None:
-                gx = grads[y_idx]
-                yield x, Tensor(device=x.device, data=gx, name=src_op.grad_name(y_idx))
+            if tensor_dep[src_op, x_id] == 0 and grads[y_idx] is not None:
+                if x_stores_grad:
+                    yield x, grads[y_idx], src_op.grad_name(y_idx)
+                elif wanted and (src_op, x_id) in wanted:
+                    yield wanted[src_op, x_id], grads[y_idx], src_op.grad_name(y_idx)
             if op_dep[src_op] == 0:
-                if src_op.requires_grad and not isinstance(src_op, Dummy):
+                if _walks_into(src_op):
                     ready.append((src_op, grads))
                 del not_ready[src_op]
-        op.release()
+        if not retain_graph:
+            op.release()
+            op.freed = True
+
+
+def backward(y: Tensor, dy: Any = None) -> Iterator[Tuple[Tensor, Tensor]]:
+    """Run back-propagation from ``y`` (usually the loss); yield ``(tensor, gradient)`` for every
+    tensor with ``stores_grad=True`` as soon as its gradient is complete.
+
+    ``dy`` (a number or Tensor; default 1.0) is the gradient of the objective w.r.t. ``y``. Unlike
+    SINGA's, ``y`` may have any size and be produced by any op. The graph is kept (as SINGA's
+    is), so it can be back-propagated again.
+    """
+    if not isinstance(y, Tensor):
+        raise TypeError(f"backward: y must be a Tensor, got {type(y).__name__}")
+    for x, g, name in backpropagate([(y, root_grad(y, dy))]):
+        yield x, Tensor(device=x.device, data=g, name=name)
 
 
 def gradients(y: Tensor, dy: Any = None) -> Dict[int, Tensor]:

@@ -32,16 +32,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..ctensor import CTensor, as_array
 from ..device import get_default_device
 from ..modes import is_training
 from ..tensor import Tensor
 from .engine import Operator, fill_like
 
-__all__ = ["Function", "TensorArgsOp", "NonDifferentiable", "make_function", "functional",
+__all__ = ["Function", "InvalidInput", "TensorArgsOp", "NonDifferentiable", "make_function", "functional",
            "declare", "as_tensor", "normalize_axis", "host_values", "CTensor", "axis_helper",
            "back_broadcast", "ctensor2numpy"]
 
-CTensor = jax.Array  # SINGA's C++ tensor type; here the array behind every Tensor
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,6 +120,7 @@ class Function(Operator):
     readable as attributes (``op.axis``) as SINGA's operators expose them."""
 
     fn: Callable = None  # pure: (*inputs, *reads, [key], **static) -> outputs (+ new state)
+    takes_arrays = True  # the engine passes arrays; a direct SINGA-style call may pass CTensors
 
     def __init__(self, name: Optional[str] = None, **static):
         super().__init__(name)
@@ -145,26 +146,40 @@ class Function(Operator):
 
     # --- the door: fetch declared state, run the kernel, store declared state ----------------
     def forward(self, *xs):
-        extras = tuple(t.data for t in self.reads())
+        if xs and isinstance(xs[0], CTensor):  # called directly, SINGA style: CTensors in and out
+            return _as_ctensors(self.forward(*map(as_array, xs)))
+        extras = tuple(t.array for t in self.reads())
         if self.needs_key():
             extras += ((getattr(self, "device", None) or get_default_device()).next_key(),)
         writes = self.writes()
         static, fn, args = _freeze(self.static), type(self).fn, xs + extras
         try:
-            if self.requires_grad and is_training():
-                diff = tuple(map(_differentiable, xs)) + (False,) * len(extras)
+            # backward state is kept in training mode, or whatever the mode when an input
+            # depends on a PyTorch-style leaf (``self.tracked``, see autograd.torch_style)
+            if self.requires_grad and (self.tracked or is_training()):
+                diff = tuple(map(_differentiable, xs))
+                needs = getattr(self, "input_needs_grad", None)  # set by the engine's call
+                if needs is not None and len(needs) == len(xs) and not all(needs):
+                    # a direct SINGA-style backward may still ask for every input's gradient
+                    self._all_inputs = (args, diff + (False,) * len(extras))
+                    diff = tuple(d and n for d, n in zip(diff, needs))
+                diff += (False,) * len(extras)
                 ys, self._vjp, new_state = _forward_vjp(fn, static, diff, len(writes), *args)
                 self._diff = diff[:len(xs)]
+                if not all(self._diff):  # shapes of the inputs that get no gradient
+                    self._no_grad_shapes = {i: x.shape for i, x in enumerate(xs) if not diff[i]}
                 self._out = tuple(map(_aval, ys)) if isinstance(ys, tuple) else _aval(ys)
             else:
                 ys, new_state = _split_state(_forward(fn, static, *args), len(writes))
         except (TypeError, ValueError) as e:
             raise _op_error(type(self).__name__, args, self.static, e) from None
         for t, value in zip(writes, new_state):
-            t.data = value
+            t.array = value
         return ys
 
     def backward(self, *dys):
+        if not dys or isinstance(dys[0], CTensor):
+            return self._singa_backward(dys)
         if self._vjp is None:
             raise RuntimeError(
                 f"{type(self).__name__}.backward: no forward state; run the forward pass with "
@@ -173,19 +188,54 @@ class Function(Operator):
             cts = tuple(_cotangent(d, a) for d, a in zip(dys, self._out))
         else:
             cts = _cotangent(dys[0], self._out)
+        # the pullback is kept: the graph may be back-propagated again (release() drops it)
         grads = iter(_pullback(self._vjp, cts))
-        self._vjp = None
         return tuple(next(grads) if d else None for d in self._diff)
+
+    def _singa_backward(self, dys: tuple):
+        """``backward`` called directly, SINGA style (``y.creator.backward(dy.data)``; a loss's
+        dy defaults to 1): CTensors in, CTensors out -- one per input of the op as SINGA built it
+        (not the tensor arguments appended to it), zeros for an input without gradient (integer
+        indices), and a single CTensor for a single input."""
+        if getattr(self, "_all_inputs", None) is not None and self._vjp is not None:
+            # the engine's call skipped inputs nobody needed a gradient for; SINGA's direct
+            # call wants them all: redo the forward's vjp over every differentiable input
+            args, diff = self._all_inputs
+            _, self._vjp, _ = _forward_vjp(type(self).fn, _freeze(self.static), diff,
+                                           len(self.writes()), *args)
+            self._diff, self._all_inputs = diff[:len(self._diff)], None
+        dxs = self.backward(*(map(as_array, dys) if dys else (1.0,)))  # overrides answer too
+        dxs = (dxs if isinstance(dxs, tuple) else (dxs,))[:self._singa_inputs()]
+        shapes = getattr(self, "_no_grad_shapes", {})
+        dxs = tuple(CTensor.from_array(jnp.zeros(shapes[i], jnp.float32))
+                    if d is None and i in shapes else _as_ctensors(d) for i, d in enumerate(dxs))
+        return dxs[0] if len(dxs) == 1 else dxs
+
+    def _singa_inputs(self) -> int:
+        return len(self._diff)
 
     def release(self) -> None:
         super().release()
-        self._vjp = None
+        self._vjp = self._all_inputs = None
+
+
+def _as_ctensors(values: Any) -> Any:
+    """Arrays (one or a tuple; None stays None) as CTensors, for SINGA-style direct calls."""
+    if isinstance(values, tuple):
+        return tuple(map(_as_ctensors, values))
+    return None if values is None else CTensor.from_array(values)
+
+
+class InvalidInput(ValueError, AssertionError):
+    """An op's inputs or arguments do not fit (shapes, axes, sizes). It is a ValueError; it is
+    also an AssertionError because SINGA asserts these preconditions, and SINGA code (its own
+    tests included) catches AssertionError."""
 
 
 def _op_error(op: str, xs, static: Dict, e: Exception) -> Exception:
     shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in xs)
     extra = f" with {static}" if static else ""
-    cls = TypeError if isinstance(e, TypeError) and "dtype" in str(e) else ValueError
+    cls = TypeError if isinstance(e, TypeError) and "dtype" in str(e) else InvalidInput
     return cls(f"{op}: cannot apply to inputs [{shapes}]{extra}: {e}")
 
 
@@ -205,6 +255,9 @@ class TensorArgsOp(Function):
             return super().__call__(*xs)  # let the engine raise its TypeError
         extra = tuple(as_tensor(self.tensor_args[n], xs[0].device) for n in self.tensor_arg_names)
         return super().__call__(*xs, *extra)
+
+    def _singa_inputs(self) -> int:
+        return len(self._diff) - len(self.tensor_arg_names)
 
 
 class NonDifferentiable:
@@ -300,13 +353,15 @@ def axis_helper(y_shape: Sequence[int], x_shape: Sequence[int]) -> Tuple[int, ..
     return tuple(reversed(axes))
 
 
-def back_broadcast(y_shape: Sequence[int], x_shape: Sequence[int], x: jax.Array) -> jax.Array:
-    """Sum a gradient of shape ``y_shape`` back to the shape ``x_shape`` it was broadcast from."""
+def back_broadcast(y_shape: Sequence[int], x_shape: Sequence[int], x: Any) -> Any:
+    """Sum a gradient of shape ``y_shape`` back to the shape ``x_shape`` it was broadcast from
+    (a CTensor in, as SINGA passes, gives a CTensor out; an array gives an array)."""
     if tuple(y_shape) == tuple(x_shape):
         return x
-    return jnp.reshape(jnp.sum(x, axis=axis_helper(y_shape, x_shape)), tuple(x_shape))
+    out = jnp.reshape(jnp.sum(as_array(x), axis=axis_helper(y_shape, x_shape)), tuple(x_shape))
+    return CTensor.from_array(out) if isinstance(x, CTensor) else out
 
 
-def ctensor2numpy(x: jax.Array) -> np.ndarray:
-    """A host (NumPy) copy of an array (SINGA's helper; for tests and host-side code only)."""
+def ctensor2numpy(x: Any) -> np.ndarray:
+    """A host (NumPy) copy of a CTensor or array (SINGA's helper; for host-side code only)."""
     return np.asarray(x)

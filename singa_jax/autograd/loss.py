@@ -8,7 +8,7 @@ exact derivatives of those forwards times the incoming dy (see docs/autograd_nn.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +16,7 @@ from jax import lax
 
 from ..checks import check_indices
 from ..tensor import Tensor
-from .function import Function
+from .function import Function, InvalidInput, as_tensor
 
 __all__ = [
     "SoftMaxCrossEntropy", "softmax_cross_entropy", "CrossEntropy", "cross_entropy",
@@ -132,8 +132,9 @@ def _cross_entropy_labels(x, t) -> None:
 class _TargetLoss(Function):
     """Base of SINGA's losses that take the target ``t`` in the constructor: ``Op(t)(x)``.
 
-    The kernel is ``fn(x, t)``; ``t`` (read through ``t.data``, so graph mode sees it) is passed
-    as a second array under ``stop_gradient`` and only x's gradient is returned.
+    The kernel is ``fn(x, t)``: ``t`` is a declared read (see ``Function.reads``), so it enters
+    the kernel without gradient, graph mode sees it, and backward returns x's gradient only,
+    as SINGA's losses do.
     """
 
     check: Callable = None  # (x, t) -> error message or None
@@ -141,22 +142,19 @@ class _TargetLoss(Function):
 
     def __init__(self, t: Any):
         super().__init__()
-        self.t = t
+        self.t = as_tensor(t, None)
 
-    def _target(self):
-        return self.t.data if isinstance(self.t, Tensor) else jnp.asarray(self.t)
+    def reads(self) -> Tuple[Tensor, ...]:
+        return (self.t,)
 
     def forward(self, x):
-        t = self._target()
+        t = self.t.array
         msg = type(self).check(x, t)
         if msg is not None:
-            raise ValueError(f"{type(self).__name__}: {msg}")
+            raise InvalidInput(f"{type(self).__name__}: {msg}")
         if type(self).check_values is not None:
             type(self).check_values(x, t)
-        return super().forward(x, t)
-
-    def backward(self, dy=1.0):
-        return super().backward(dy)[0]
+        return super().forward(x)
 
 
 def _make_loss(name: str, kernel: Callable, check: Callable,
@@ -212,7 +210,7 @@ class RankingLoss(Function):
     def forward(self, pos, neg):
         msg = _check_same_shape(pos, neg)
         if msg is not None:
-            raise ValueError(f"RankingLoss: {msg}")
+            raise InvalidInput(f"RankingLoss: {msg}")
         return super().forward(pos, neg)
 
     def backward(self, dy=1.0):

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from ..tensor import Tensor
 from .engine import Operator
+from ..ctensor import CTensor
 from .function import (Function, NonDifferentiable, TensorArgsOp, functional, host_values,
                        normalize_axis)
 
@@ -471,6 +472,13 @@ class Shape(NonDifferentiable, Function):
 
     fn = staticmethod(lambda x: jnp.asarray(x.shape, jnp.int32))
 
+    def backward(self, *dys):
+        # the engine never calls it (no gradient); called directly it answers as SINGA's does,
+        # with dy's shape as a list
+        if dys and isinstance(dys[0], CTensor):
+            return list(dys[0].shape())
+        return super().backward(*dys)
+
 
 shape = functional(Shape, "shape", ("x",), Shape.__doc__)
 
@@ -479,6 +487,8 @@ class NonZero(NonDifferentiable, Operator):
     """y = the indices of x's nonzero entries, shape (x.ndim, count), int32 (``np.nonzero``
     stacked). Its size depends on x's values: it syncs with the device and cannot run inside a
     compiled (graph-mode / jit) step."""
+
+    takes_arrays = True
 
     def forward(self, x):
         if isinstance(x, jax.core.Tracer):
@@ -492,6 +502,8 @@ nonzero = functional(NonZero, "nonzero", ("x",), NonZero.__doc__)
 class ConstantOfShape(NonDifferentiable, Operator):
     """y = a float32 tensor filled with ``value``, whose shape is given by the VALUES of the 1-d
     input x (read on the host: it cannot run inside a compiled step)."""
+
+    takes_arrays = True
 
     def __init__(self, value: float = 0.):
         super().__init__()

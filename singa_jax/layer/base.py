@@ -21,17 +21,41 @@ parameter/state access.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import weakref
 from collections.abc import Mapping
 from functools import wraps
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..tensor import Tensor
 
-__all__ = ["LayerMeta", "Layer", "move_to_device", "positive_int"]
+__all__ = ["LayerMeta", "Layer", "move_to_device", "positive_int", "concrete_initialization"]
+
+# Set by Model.compile(), whose placeholder forward is traced on shapes only: layers initialised
+# during it still compute their parameters concretely (the same values an eager forward gives).
+_CONCRETE_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "singa_jax.concrete_init", default=False)
+
+
+@contextlib.contextmanager
+def concrete_initialization():
+    """Within the block, ``initialize`` runs concretely even inside a JAX trace (its arrays are
+    computed, not staged), so a forward traced abstractly still builds real parameters."""
+    token = _CONCRETE_INIT.set(True)
+    try:
+        yield
+    finally:
+        _CONCRETE_INIT.reset(token)
+
+
+def _initialization_scope():
+    """Where ``initialize`` runs: concretely under :func:`concrete_initialization`."""
+    return jax.ensure_compile_time_eval() if _CONCRETE_INIT.get() else contextlib.nullcontext()
 
 # Float dtypes a layer's parameters may follow (SINGA's dtype_check casts parameters to the
 # input's dtype: its mixed-precision training feeds float16 batches to a model).
@@ -76,14 +100,16 @@ class LayerMeta(type):
                 return None
             x = _first_tensor_in(args)
             if x is None:  # no Tensor input: nothing to take a device from
-                func(self, *args, **kwargs)
+                with _initialization_scope():
+                    func(self, *args, **kwargs)
                 self._initialized = True
                 return None
             dev = x.device
             prev = dev.graph_enabled()
             dev.EnableGraph(False)
             try:
-                func(self, *args, **kwargs)
+                with _initialization_scope():
+                    func(self, *args, **kwargs)
                 self._initialized = True
             finally:
                 dev.EnableGraph(prev)
@@ -137,7 +163,7 @@ def move_to_device(*inputs: Tensor) -> None:
 def _as_array(value: Any):
     """The array behind a Tensor, NumPy array, JAX array or nested list."""
     if isinstance(value, Tensor):
-        return value.data
+        return value.array
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return value
     return np.asarray(value)
@@ -167,7 +193,7 @@ def assign_values(owner: str, what: str, targets: Dict[str, Tensor], values: Any
                              f"{tuple(arr.shape)}")
         staged.append((target, arr))
     for target, arr in staged:
-        target.data = target.device.put(jnp.asarray(arr, dtype=target.dtype))
+        target.array = target.device.put(jnp.asarray(arr, dtype=target.dtype))
 
 
 class Layer(object, metaclass=LayerMeta):
@@ -236,6 +262,26 @@ class Layer(object, metaclass=LayerMeta):
         """Set parameters and states by name (all names and shapes checked first)."""
         assign_values(self._describe(), "set_states", self.get_states(), states)
 
+    # --- PyTorch-style access to the parameters ----------------------------------------------
+    def named_parameters(self) -> Iterator[Tuple[str, Tensor]]:
+        """``(name, parameter)`` for every trainable parameter, with SINGA's hierarchical names
+        (``hidden.W``): the items of :meth:`get_params`. Parameters are created by the layer's
+        first call, so an uninitialised layer has none."""
+        return iter(self.get_params().items())
+
+    def parameters(self) -> Iterator[Tensor]:
+        """Every trainable parameter (see :meth:`named_parameters`)."""
+        return iter(self.get_params().values())
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Reset the ``.grad`` of every parameter: to zeros (the gradient Tensors are kept, so a
+        compiled step keeps them as state) or, with ``set_to_none``, to None."""
+        for p in self.get_params().values():
+            if set_to_none:
+                p.grad = None
+            else:
+                p.zero_grad()
+
     # --- device / dtype --------------------------------------------------------------------
     def device_check(self, *inputs: Tensor) -> None:
         """Move every Tensor to the device of the first input (SINGA copies them over)."""
@@ -259,7 +305,7 @@ class Layer(object, metaclass=LayerMeta):
                             f"follow the input only among float16, bfloat16 and float32 "
                             f"(mixed precision)")
         for t in others:
-            t.data = t.data.astype(x_dtype)
+            t.array = t.array.astype(x_dtype)
 
     # --- naming and sublayers --------------------------------------------------------------
     def _describe(self) -> str:

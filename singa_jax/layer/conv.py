@@ -184,7 +184,7 @@ class Conv2d(_Windowed):
 
     def _make_handle(self, x: Tensor):
         handle_cls = _backend(x, autograd.ConvHandle, autograd.CudnnConvHandle)
-        return handle_cls(x.data, self.kernel_size, self.stride, self.padding, self.in_channels,
+        return handle_cls(x.array, self.kernel_size, self.stride, self.padding, self.in_channels,
                           self.nb_kernels, self.bias, self.group, dilation=self.dilation)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -275,7 +275,7 @@ class BatchNorm2d(Layer):
         self.dtype_check(x, *tensors)
         if getattr(self, "_handle_shape", None) != x.shape:
             handle_cls = _backend(x, autograd.BatchNormHandle, autograd.CudnnBatchNormHandle)
-            self.handle = handle_cls(self.momentum, x.data)
+            self.handle = handle_cls(self.momentum, x.array)
             self._handle_shape = x.shape
         return autograd.batchnorm_2d(self.handle, x, self.scale, self.bias, self.running_mean,
                                      self.running_var)
@@ -296,7 +296,7 @@ class Pooling2d(_Windowed):
 
     def _make_handle(self, x: Tensor):
         handle_cls = _backend(x, autograd.PoolingHandle, autograd.CudnnPoolingHandle)
-        return handle_cls(x.data, self.kernel_size, self.stride, self.padding, self.is_max)
+        return handle_cls(x.array, self.kernel_size, self.stride, self.padding, self.is_max)
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_4d(x, None)

@@ -34,6 +34,7 @@ def _rnn_sequence(*arrays, n_steps: int, nonlinearity: str):
     """``h_t = act(x_t Wx + h_{t-1} Wh + b)``; inputs ``x_1..x_T, h0, Wx, Wh, b``; returns
     ``(h_1, ..., h_T)``. cuDNN's cell with ``W = Wx^T``, ``R = Wh^T``, ``b_W = b``, ``b_R = 0``."""
     xs, (h0, wx, wh, b) = jnp.stack(arrays[:n_steps]), arrays[n_steps:]
+    h0 = jnp.broadcast_to(h0, (xs.shape[1], wh.shape[0]))  # SINGA broadcasts the initial state
     hs, _, _ = _rnn_direction(_CUDNN_MODES[nonlinearity], xs, None, h0, jnp.zeros_like(h0),
                               wx.T, wh.T, b, jnp.zeros_like(b))
     return tuple(hs[t] for t in range(n_steps))
@@ -49,6 +50,8 @@ def _lstm_sequence(*arrays, n_steps: int):
     which is cuDNN's LSTM cell once the gates are stacked in its order (i, f, g, o).
     """
     xs, (h0, c0), w = jnp.stack(arrays[:n_steps]), arrays[n_steps:n_steps + 2], arrays[n_steps + 2:]
+    state_shape = (xs.shape[1], w[4].shape[0])  # (batch, hidden): SINGA broadcasts h0 and c0
+    h0, c0 = jnp.broadcast_to(h0, state_shape), jnp.broadcast_to(c0, state_shape)
     per_kind = {kind: dict(zip(_LSTM_GATES, w[4 * k:4 * k + 4]))
                 for k, kind in enumerate(("Wx", "Wh", "Bx", "Bh"))}
 
@@ -64,6 +67,13 @@ def _lstm_sequence(*arrays, n_steps: int):
 
 _RNNSequence = make_function("_RNNSequence", _rnn_sequence)
 _LSTMSequence = make_function("_LSTMSequence", _lstm_sequence)
+
+
+def _broadcasts_to(shape: Tuple[int, ...], target: Tuple[int, ...]) -> bool:
+    """Whether NumPy broadcasting takes ``shape`` to exactly ``target``."""
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(shape[::-1], target[::-1]))
 
 
 class RNN_Base(Layer):
@@ -93,10 +103,11 @@ class RNN_Base(Layer):
         for x in xs:
             if x.ndim() != 2 or x.shape != (batch, self.input_size):
                 raise self._input_error("shape (batch, input_size)", (batch, self.input_size), x)
-        for s in states:
-            if s.shape != (batch, self.hidden_size):
+        for s in states:  # SINGA's ops broadcast the initial state, e.g. (batch, 1) or (hidden,)
+            if not _broadcasts_to(s.shape, (batch, self.hidden_size)):
                 raise ValueError(f"{self._describe()}: initial state must have shape "
-                                 f"(batch, hidden_size) = {(batch, self.hidden_size)}, got {s.shape}")
+                                 f"(batch, hidden_size) = {(batch, self.hidden_size)} or one "
+                                 f"that broadcasts to it, got {s.shape}")
         return xs
 
 

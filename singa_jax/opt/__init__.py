@@ -38,6 +38,7 @@ The package is split by topic: :mod:`~singa_jax.opt.schedules` (decay schedules)
 from .dist import DistOpt
 from .optimizers import SGD, AdaGrad, Adam, Optimizer, RMSProp
 from .schedules import Constant, DecayScheduler, ExponentialDecay
+from .optax import OptaxOptimizer, from_optax  # noqa: F401 (optax-backed optimizers)
 
 # Outside __all__, as in the single-module layout: the update-rule type, and the fused kernel that
 # tests read. To replace the kernel (e.g. monkeypatch) patch ``singa_jax.opt.optimizers``'s

@@ -45,9 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .. import device as _device
 from .. import tensor as _tensor
 from ..autograd.engine import backward as _backward
+from ..ctensor import CTensor
 from ..tensor import Tensor
 from .optimizers import SGD, Optimizer, _state_tensor
 from .schedules import _check_real
@@ -316,7 +316,10 @@ def _join(nccl_id: Any, local_rank: Any, world_size: Any) -> Tuple[_Cluster, int
             ids = None if os.environ.get("JAX_LOCAL_DEVICE_IDS") else [rank]
             _initialize(address, size, rank, ids)
     elif not jax.distributed.is_initialized() and _launcher_detected():
-        _initialize(None, None, None, None)
+        # JAX_NUM_PROCESSES / JAX_PROCESS_ID complete JAX_COORDINATOR_ADDRESS for a manual
+        # launch (one shell per process); launchers (mpirun, SLURM, TPU pods) need neither
+        count, rank = os.environ.get("JAX_NUM_PROCESSES"), os.environ.get("JAX_PROCESS_ID")
+        _initialize(None, int(count) if count else None, int(rank) if rank else None, None)
     cluster = _Cluster.current()
     if world_size is not None and world_size != cluster.world_size:
         raise ValueError(f"DistOpt: world_size={world_size!r} but this run has "
@@ -542,7 +545,11 @@ def _arrays_of(items: Any) -> Tuple[List[Any], bool]:
 
 
 def _data(x: Any) -> jax.Array:
-    return x.data if isinstance(x, Tensor) else jnp.asarray(x)
+    if isinstance(x, Tensor):
+        return x.array
+    if isinstance(x, CTensor):  # SINGA's examples pass ``t.data``
+        return x._array
+    return jnp.asarray(x)
 
 
 def _write_back(items: List[Any], new: List[jax.Array], as_list: bool) -> Any:
@@ -552,7 +559,10 @@ def _write_back(items: List[Any], new: List[jax.Array], as_list: bool) -> Any:
     out = []
     for t, a in zip(items, new):
         if isinstance(t, Tensor):
-            t.data = a
+            t.array = a
+            out.append(t)
+        elif isinstance(t, CTensor):  # a Tensor's ``.data`` rebinds its Tensor
+            t._array = a
             out.append(t)
         else:
             out.append(a)
@@ -640,7 +650,7 @@ class DistOpt:
         """Update one parameter with an all-reduced gradient: ``grad`` is divided by
         ``world_size`` in place (as SINGA does), then the wrapped optimizer updates."""
         if self.world_size != 1:
-            grad.data = grad.data / self.world_size
+            grad.array = grad.array / self.world_size
         self.opt.update(param, grad)
 
     # --- the sums over ranks (eager, or psum inside a compiled SPMD step) -----------------------
@@ -723,7 +733,7 @@ class DistOpt:
                              f"tensors have {total}")
         sent, new_acc = _sparsify(self._rank_values(arrays), acc, spars, bool(topK))
         if isinstance(accumulation, Tensor):
-            accumulation.data = new_acc
+            accumulation.array = new_acc
         return _write_back(items, self._sum(sent, of_rank_values=True), as_list)
 
     def wait(self) -> None:
@@ -733,7 +743,7 @@ class DistOpt:
     def _update_averaged(self, pairs: List[Tuple[Tensor, Tensor]], summed: List[Any]) -> None:
         """Update every parameter with its summed gradient / world_size (one fused kernel)."""
         for (_, g), s in zip(pairs, summed):
-            g.data = s
+            g.array = s
         self.opt._apply_all(pairs)
         self.opt.step()
 
@@ -742,7 +752,7 @@ class DistOpt:
         update every parameter and step. ``threshold`` (SINGA's fusion size) is accepted: XLA
         combines the all-reduces of one step itself."""
         pairs = list(_backward(loss))
-        summed = self._sum([g.data for _, g in pairs], scale=1.0 / self.world_size)
+        summed = self._sum([g.array for _, g in pairs], scale=1.0 / self.world_size)
         self._update_averaged(pairs, summed)
 
     def backward_and_update_half(self, loss: Tensor, threshold: int = 2097152,
@@ -755,7 +765,7 @@ class DistOpt:
                 raise TypeError(f"DistOpt.backward_and_update_half: param {p.name!r} is "
                                 f"{p.dtype}; only float32 params are sent as float16")
         clip = _check_real("DistOpt", "clip_Value", clip_Value) if clipping else None
-        summed = self._sum([g.data for _, g in pairs], half=True, clip=clip,
+        summed = self._sum([g.array for _, g in pairs], half=True, clip=clip,
                            scale=1.0 / self.world_size) if pairs else []
         self._update_averaged(pairs, summed)
 
@@ -766,20 +776,20 @@ class DistOpt:
         advances it) is SINGA's counter: the partition averaged last, 0 after a full cycle."""
         pairs = list(_backward(loss))
         if _SPMD_BODY.get() is not None:  # the rank's gradient: the mean of its devices'
-            for (_, g), v in zip(pairs, self._rank_values([g.data for _, g in pairs])):
-                g.data = v
+            for (_, g), v in zip(pairs, self._rank_values([g.array for _, g in pairs])):
+                g.array = v
         self.opt._apply_all(pairs)
         params = [p for p, _ in pairs]
         groups = _partitions([p.size() for p in params], threshold)
         if "partial" not in self.__dict__:
             self.partial = _state_tensor(jnp.zeros((1,), jnp.int32), self.opt.step_counter.device)
         if groups:
-            counter = self.partial.data
-            new_values, counter = self._average_partition([p.data for p in params], groups,
+            counter = self.partial.array
+            new_values, counter = self._average_partition([p.array for p in params], groups,
                                                           counter)
             for p, a in zip(params, new_values):
-                p.data = a
-            self.partial.data = counter
+                p.array = a
+            self.partial.array = counter
         self.opt.step()
 
     def _average_partition(self, values: List[Any], groups: List[List[int]], counter: Any):
@@ -834,6 +844,6 @@ class DistOpt:
             self.fused_sparsification(grp, acc, spars, topK)
         if self.world_size != 1:
             for g in grads:
-                g.data = g.data / self.world_size
+                g.array = g.array / self.world_size
         self.opt._apply_all(pairs)
         self.opt.step()

@@ -51,12 +51,12 @@ class DecayScheduler:
         """The value at ``step`` (a Tensor) as a Tensor, computed by :meth:`value`."""
         if type(self).value is DecayScheduler.value:
             raise NotImplementedError(f"{type(self).__name__}: implement call(step) or value(step)")
-        return Tensor(device=step.device, data=self.value(step.data), requires_grad=False)
+        return Tensor(device=step.device, data=self.value(step.array), requires_grad=False)
 
     def value(self, step: jax.Array) -> jax.Array:
         """The value at ``step`` (a float array, possibly traced) as a float32 array."""
         out = self.call(Tensor(data=step, requires_grad=False))
-        return out.data.astype(jnp.float32)
+        return out.array.astype(jnp.float32)
 
     @property
     def _pure(self) -> bool:

@@ -8,7 +8,7 @@ the array behind either. Module layout: ``ctensor`` (the tensor class, dtypes, `
 ``functions`` (``core_tensor.i``'s free functions), ``operations`` (conv/pooling/batch-norm/RNN
 handles), ``platform`` (build flags, ``Platform``, ``NcclIdHolder``) and ``io`` (``Snapshot``).
 """
-from .ctensor import (CTensor, Tensor, VecTensor, as_array, kFloat32, kFloat16, kInt, kChar,  # noqa: F401
+from ..ctensor import (CTensor, Tensor, VecTensor, as_array, kFloat32, kFloat16, kInt, kChar,  # noqa: F401
                       kDouble, kUChar, kLong, SizeOf, Product)
 from .functions import (  # noqa: F401
     Abs, Ceil, Floor, Round, RoundE, Exp, Erf, Log, ReLU, Sigmoid, Sign, Sqrt, Square, Cos, Cosh,

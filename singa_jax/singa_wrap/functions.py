@@ -17,7 +17,7 @@ import jax.scipy.special as jsp
 import numpy as np
 from jax import lax
 
-from .ctensor import CTensor, _compare, _describe, _device_of, _shape_arg, as_array, out_tensor, \
+from ..ctensor import CTensor, _compare, _describe, _device_of, _shape_arg, as_array, out_tensor, \
     store
 
 __all__ = [
@@ -202,8 +202,17 @@ def __mul__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
     return _binary("__mul__", jnp.multiply, lhs, rhs)
 
 
+@jax.jit
+def _divide(a, b):
+    """a / b, correctly rounded as SINGA's C++ division is. XLA rewrites ``x / broadcast(y)`` as
+    ``x * broadcast(1 / y)``, an ulp off; behind the barrier the broadcast operand is opaque."""
+    shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
+    a, b = lax.optimization_barrier((jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)))
+    return a / b
+
+
 def __div__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
-    return _binary("__div__", jnp.divide, lhs, rhs)
+    return _binary("__div__", _divide, lhs, rhs)
 
 
 def __lt__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
@@ -240,7 +249,7 @@ def EltwiseMult(lhs: CTensorLike, rhs: CTensorLike, ret: Any = None) -> CTensor:
 
 
 def Div(lhs: CTensorLike, rhs: CTensorLike, ret: Any = None) -> CTensor:
-    return _maybe_store("Div", _binary("Div", jnp.divide, lhs, rhs), ret)
+    return _maybe_store("Div", _binary("Div", _divide, lhs, rhs), ret)
 
 
 def AddFloat(t: CTensorLike, x: float) -> CTensor:
@@ -256,7 +265,7 @@ def MultFloat(t: CTensorLike, x: float) -> CTensor:
 
 
 def DivFloat(t: CTensorLike, x: float) -> CTensor:
-    return _binary("DivFloat", jnp.divide, t, float(x))
+    return _binary("DivFloat", _divide, t, float(x))
 
 
 def AddFloatWithRet(t: CTensorLike, x: float, ret: CTensor) -> CTensor:

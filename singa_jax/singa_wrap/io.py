@@ -26,7 +26,7 @@ from typing import BinaryIO, Iterator, List, Optional, TextIO, Tuple, Union
 
 import numpy as np
 
-from .ctensor import CTensor, as_array
+from ..ctensor import CTensor, as_array
 
 __all__ = ["Snapshot", "encode_tensor_proto", "decode_tensor_proto"]
 

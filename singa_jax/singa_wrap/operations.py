@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from ..autograd import nn
 from ..autograd.nn import (BatchNormHandle, ConvHandle, CudnnBatchNormHandle, CudnnConvHandle,
                            CudnnPoolingHandle, CudnnRNNHandle, PoolingHandle)
-from .ctensor import CTensor, _describe, as_array, out_tensor, store
+from ..ctensor import CTensor, _describe, as_array, out_tensor, store
 
 __all__ = [
     "ConvHandle", "CudnnConvHandle", "PoolingHandle", "CudnnPoolingHandle", "BatchNormHandle",

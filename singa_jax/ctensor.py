@@ -1,5 +1,9 @@
 """SINGA's C++ ``Tensor`` as its SWIG module shows it to Python: :class:`CTensor`, one mutable
-handle over one ``jax.Array``.
+handle over one ``jax.Array``; and :class:`BoundCTensor`, what ``Tensor.data`` returns: a CTensor
+whose array IS its Tensor's, so SINGA code that mutates ``t.data`` in place changes ``t``.
+
+This is a core module (it imports only ``device`` and ``dtypes``): ``tensor`` and the autograd
+engine use it, and ``singa_wrap`` re-exports it.
 
 SINGA's Python code and its users' operators call methods on ``Tensor.data`` (``shape()``,
 ``GetFloatValue(n)``, ``CopyData``, ``+=`` ...). A CTensor answers them; every in-place method
@@ -20,11 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import device as _device_mod
-from ..device import Device, get_default_device
-from ..tensor import to_dtype
+from . import device as _device_mod
+from .device import Device, get_default_device
+from .dtypes import to_dtype
 
-__all__ = ["CTensor", "Tensor", "VecTensor", "as_array", "kFloat32", "kFloat16", "kInt", "kChar",
+__all__ = ["CTensor", "BoundCTensor", "Tensor", "VecTensor", "as_array", "Shape", "kFloat32", "kFloat16", "kInt", "kChar",
            "kDouble", "kUChar", "kLong", "SizeOf", "Product"]
 
 # SINGA's DataType enum. As in singa_jax.tensor, the constants are NumPy dtypes, so they compare
@@ -164,6 +168,13 @@ def _shape_arg(shape: Any, op: str) -> Tuple[int, ...]:
         raise TypeError(f"{op}: shape must be a sequence of ints, got {shape!r}") from None
 
 
+class Shape(tuple):
+    """A shape tuple that can also be called as SINGA's ``CTensor.shape()`` / ``shape(idx)``."""
+
+    def __call__(self, idx: Optional[int] = None) -> Union[Tuple[int, ...], int]:
+        return tuple(self) if idx is None else int(self[idx])
+
+
 class CTensor:
     """SINGA's C++ ``singa::Tensor`` (``singa_wrap.Tensor``) over one ``jax.Array``.
 
@@ -203,11 +214,24 @@ class CTensor:
         return f"CTensor(shape={tuple(self._array.shape)}, dtype={self._array.dtype})"
 
     # --- SINGA's accessors ---------------------------------------------------------------------
-    def shape(self, idx: Optional[int] = None) -> Union[Tuple[int, ...], int]:
-        """The shape as a tuple (SWIG's ``std::vector``), or the size of axis ``idx``."""
-        if idx is None:
-            return tuple(self._array.shape)
-        return int(self._array.shape[idx])
+    @property
+    def shape(self) -> "Shape":
+        """The shape: SINGA calls it (``x.shape()``, ``x.shape(i)``), JAX code reads it
+        (``x.shape``); a :class:`Shape` is a tuple that answers both."""
+        return Shape(self._array.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The array's dtype (as ``jax.Array.dtype``; SINGA's spelling is ``data_type()``)."""
+        return np.dtype(self._array.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return int(self._array.ndim)
+
+    @property
+    def size(self) -> int:
+        return int(self._array.size)
 
     def device(self) -> Device:
         return _device_of(self._array)
@@ -424,6 +448,34 @@ def _unflatten(leaf: Any) -> CTensor:
 
 
 Tensor = CTensor  # SWIG's name: ``singa_wrap.Tensor``
+
+
+class BoundCTensor(CTensor):
+    """``Tensor.data``: a CTensor whose array is its Tensor's. Reading it reads the Tensor's array
+    and every in-place method (``+=``, ``CopyData``, ``SetFloatValue``, SINGA's ``Axpy(...,
+    p.data)``) rebinds the Tensor's array, through the Tensor's own door (so graph mode sees it).
+
+    A new one is made on every ``t.data`` access: it holds its Tensor, the Tensor never holds
+    it, so no reference cycle keeps a Tensor alive."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: Any):  # owner: the singa_jax Tensor
+        self._owner = owner
+
+    @property
+    def _array(self) -> jax.Array:
+        return self._owner.array
+
+    @_array.setter
+    def _array(self, value: jax.Array) -> None:
+        self._owner.array = value
+
+
+jax.tree_util.register_pytree_node(
+    BoundCTensor,
+    lambda t: ((t._array,), None),
+    lambda _, leaves: _unflatten(leaves[0]))
 
 
 class VecTensor(list):

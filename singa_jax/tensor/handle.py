@@ -1,60 +1,32 @@
-"""SINGA's ``tensor`` module on JAX.
+"""The :class:`Tensor` handle: a mutable SINGA Tensor over an immutable ``jax.Array``.
 
-A :class:`Tensor` is a mutable handle over an immutable ``jax.Array`` (``Tensor.data``). In-place
+The array is ``Tensor.array`` (reads and writes report to graph mode's trace hook of the current
+thread); SINGA's ``Tensor.data`` is a :class:`~singa_jax.ctensor.BoundCTensor` over it. In-place
 operations rebind the handle to a new array. Besides its value, a Tensor carries SINGA's three
-autograd attributes: ``creator`` (the operator that produced it), ``requires_grad`` and
-``stores_grad``.
-
-Arithmetic on Tensors here is plain computation (as in SINGA): it does not record the autograd
-graph; the functions of :mod:`singa_jax.autograd` do. Families of operations (operators, unary math
-functions, row/column updates) are made by small factories, one name per line.
-
-The dtype constants and helpers live in :mod:`singa_jax.dtypes`, the random sampling in
-:mod:`singa_jax.sampling` and the creator bookkeeping (``Dummy``) in :mod:`singa_jax.creator`;
-this module re-exports the public names SINGA's ``tensor`` has. See ``docs/tensors.md`` for the
-mapping onto JAX and the differences from SINGA.
+autograd attributes: ``creator``, ``requires_grad`` and ``stores_grad``. Operators and row/column
+methods are made by small factories, one name per line in the class body.
 """
 from __future__ import annotations
 
 import builtins
 import contextlib
 import math
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import device as _device_mod
-from . import sampling
-from .creator import Dummy
-from .modes import TraceHook, current_trace_hook as _current_hook
-from .device import Device, get_default_device
-from .dtypes import (bfloat16, bool_, float16, float32, float64, int8, int16, int32, int64,
-                     singa_dtype_code, sizeof, to_dtype, uint8)
+from .. import device as _device_mod
+from .. import sampling
+from ..creator import Dummy
+from ..ctensor import BoundCTensor, CTensor
+from ..modes import current_trace_hook as _current_hook
+from ..modes import is_grad_enabled
+from ..device import Device, get_default_device
+from ..dtypes import float32, to_dtype
 
-__all__ = [
-    # the handle, its aliases and graph mode's hook
-    "Tensor", "PlaceHolder", "CTensor", "InvalidIndex", "TraceHook",
-    # dtypes (from singa_jax.dtypes)
-    "float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64", "uint8",
-    "bool_", "to_dtype", "singa_dtype_code", "sizeof",
-    # creation and conversion
-    "from_raw_tensor", "from_raw_tensors", "from_numpy", "to_numpy", "to_host", "copy_from_numpy",
-    "copy_data_to_from", "zeros", "ones", "random", "zeros_like", "ones_like", "product",
-    # shape
-    "contiguous", "reshape", "transpose", "repeat",
-    # math
-    "sum", "average", "softmax", "pow", "add", "sub", "eltwise_mult", "div", "lt", "le", "gt",
-    "ge", "eq", "abs", "exp", "ceil", "log", "sigmoid", "sign", "sqrt", "square", "tanh", "mult",
-    "einsum", "tensordot", "concatenate", "axpy",
-    # random fills
-    "bernoulli", "gaussian", "uniform",
-    # SINGA's deprecated row/column functions
-    "add_column", "add_row", "sum_columns", "sum_rows",
-]
 
-CTensor = jax.Array  # what SINGA's Tensor wraps (a C++ tensor there, a jax.Array here)
 ShapeLike = Union[int, Sequence[int]]
 
 
@@ -77,7 +49,37 @@ class InvalidIndex(IndexError, ValueError):
     """A bad index. SINGA raises ValueError; being an IndexError too ends ``for row in t``."""
 
 
+# --- PyTorch-style autograd ---------------------------------------------------------------
+# It lives in singa_jax.autograd.torch_style, which sits above this module (it needs the engine
+# and the operators) and plugs itself in here when imported; singa_jax's __init__ imports it.
+_torch_style: Any = None
+
+# Operators that run as autograd operators when an operand is tracked (``Tensor.tracked``).
+_RECORDED_OPERATORS = frozenset({"add", "sub", "mul", "truediv", "pow", "matmul"})
+
+
+def register_torch_style(module: Any) -> None:
+    """Called by :mod:`singa_jax.autograd.torch_style` on import: the implementation of the
+    PyTorch-style methods (``backward``, ``requires_grad_``, recorded operators...)."""
+    global _torch_style
+    _torch_style = module
+
+
+def _autograd() -> Any:
+    if _torch_style is None:  # pragma: no cover - singa_jax's __init__ imports autograd
+        raise RuntimeError("PyTorch-style autograd needs singa_jax.autograd; import it first")
+    return _torch_style
+
+
+def _tracked(lhs: "Tensor", other: Any) -> bool:
+    """Whether an operand of ``lhs (op) other`` is tracked (depends on a PyTorch-style leaf):
+    then the operator is PyTorch's (recorded while grad mode is on); otherwise it is SINGA's
+    plain arithmetic."""
+    return lhs.tracked or (isinstance(other, Tensor) and other.tracked)
+
+
 # --- factories of Tensor's operator and row/column methods, bound by name in the class body ---
+
 def _method(fn: Callable, name: str, doc: str) -> Callable:
     fn.__name__, fn.__qualname__, fn.__doc__ = name, f"Tensor.{name}", doc
     return fn
@@ -86,8 +88,11 @@ def _method(fn: Callable, name: str, doc: str) -> Callable:
 def _operator(name: str, fn: Callable) -> Callable:
     """``__<name>__``: ``fn(self, other)`` as a new tensor (NotImplemented for foreign types)."""
     op = f"__{name}__"
+    recorded = name in _RECORDED_OPERATORS
 
     def forward(self, other):
+        if recorded and _tracked(self, other):
+            return _autograd().tracked_operator(name, self, other, reflected=False)
         arr = _binary(op, fn, self, other)
         return arr if arr is NotImplemented else self._new(arr)
     return _method(forward, op, f"Elementwise ``{fn.__name__}`` with NumPy broadcasting.")
@@ -96,8 +101,11 @@ def _operator(name: str, fn: Callable) -> Callable:
 def _reflected_operator(name: str, fn: Callable) -> Callable:
     """``__r<name>__``: ``fn(other, self)`` as a new tensor."""
     op = f"__r{name}__"
+    recorded = name in _RECORDED_OPERATORS
 
     def reflected(self, other):
+        if recorded and _tracked(self, other):
+            return _autograd().tracked_operator(name, self, other, reflected=True)
         arr = _binary(op, fn, self, other, reflected=True)
         return arr if arr is NotImplemented else self._new(arr)
     return _method(reflected, op, f"Elementwise ``{fn.__name__}`` with NumPy broadcasting.")
@@ -108,6 +116,8 @@ def _inplace_operator(name: str, fn: Callable) -> Callable:
     op = f"__i{name}__"
 
     def inplace(self, other):
+        if _tracked(self, other) and is_grad_enabled():
+            _autograd().refuse_inplace(op, self, other)
         # The handle keeps its shape and dtype (SINGA updates its buffer); the array is rebound.
         arr = _binary(op, fn, self, other)
         if arr is NotImplemented:
@@ -115,7 +125,7 @@ def _inplace_operator(name: str, fn: Callable) -> Callable:
         if tuple(arr.shape) != self.shape:
             raise ValueError(f"{op}: result of shape {tuple(arr.shape)} cannot be stored "
                              f"in place in a tensor of shape {self.shape}")
-        self.data = arr.astype(self.dtype)
+        self.array = arr.astype(self.dtype)
         return self
     return _method(inplace, op, f"Elementwise ``{fn.__name__}`` with NumPy broadcasting.")
 
@@ -135,7 +145,7 @@ def _comparison(name: str, fn: Callable) -> Callable:
 def _line_method(name: str, fn: Callable, axis: int) -> Callable:
     """In place ``M = fn(M, v)`` with ``v`` a column (axis 0) or row (axis 1) of the 2-d M."""
     def update(self, v: "Tensor") -> "Tensor":
-        self.data = fn(self.data, _line(name, self, v, axis)).astype(self.dtype)
+        self.array = fn(self.array, _line(name, self, v, axis)).astype(self.dtype)
         return self
     what = "column" if axis == 0 else "row"
     return _method(update, name,
@@ -162,6 +172,11 @@ class Tensor:
     tensor_count = 0
     __array_priority__ = 100  # make ndarray (op) Tensor defer to Tensor's reflected operators
     __array_ufunc__ = None    # ... for every NumPy operator, ufuncs included
+    # PyTorch-style autograd (see singa_jax.autograd.torch_style): True for a leaf made by
+    # requires_grad_() / tensor.tensor(..., requires_grad=True) and for every result computed
+    # from one with grad mode on. Only tracked tensors make Tensor operators record autograd
+    # operators and make operators keep backward state outside training mode.
+    tracked = False
 
     def __init__(self, shape: Tuple[int, ...] = (), device: Optional[Device] = None,
                  dtype: Any = float32, data: Any = None, requires_grad: bool = True,
@@ -177,7 +192,9 @@ class Tensor:
                 raise ValueError(f"Tensor: shape must have sizes >= 0, got {shape}")
             arr = _filled(shape, 0, dtype, device)
         elif isinstance(data, Tensor):
-            arr = data.data
+            arr = data.array
+        elif isinstance(data, CTensor):
+            arr = data._array
         elif _is_array(data):
             arr = data
         else:
@@ -212,16 +229,20 @@ class Tensor:
 
     # --- the array behind the handle --------------------------------------------------------
     @property
-    def data(self) -> jax.Array:
+    def array(self) -> jax.Array:
+        """The ``jax.Array`` behind the handle. Every read and write of a Tensor's value goes
+        through here (or through ``data``, which uses it), so graph mode's trace hook sees it."""
         hook = _current_hook()
         if hook is not None:
             hook.read(self)
         return self._data
 
-    @data.setter
-    def data(self, value) -> None:
+    @array.setter
+    def array(self, value: Any) -> None:
         if isinstance(value, Tensor):
-            value = value.data
+            value = value.array
+        elif isinstance(value, CTensor):
+            value = value._array
         if not _is_array(value):
             value = self.device.put(np.asarray(value))
         hook = _current_hook()
@@ -230,12 +251,39 @@ class Tensor:
         self._data = value
 
     @property
+    def data(self) -> BoundCTensor:
+        """SINGA's ``Tensor.data``: the C++ tensor, here a CTensor over this Tensor's array
+        (:class:`~singa_jax.ctensor.BoundCTensor`: in-place CTensor methods, ``singa_wrap``
+        functions writing into it and ``t.data = ...`` all rebind this Tensor's array). JAX code
+        wants ``t.array`` (or ``jnp.asarray(t.data)``) instead."""
+        return BoundCTensor(self)
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        self.array = value
+
+    @property
     def shape(self) -> Tuple[int, ...]:
         return tuple(self._data.shape)
+
+    @shape.setter
+    def shape(self, value: Sequence[int]) -> None:
+        # SINGA keeps shape as a plain attribute that code re-assigns after rebinding ``data``
+        # (``t.data = ctensor; t.shape = tuple(t.data.shape())``). Here it is the array's shape,
+        # so an assignment may only restate it; anything else would describe a different tensor.
+        if tuple(value) != self.shape:
+            raise ValueError(f"Tensor {self.name}: cannot set shape {tuple(value)} on a tensor of "
+                             f"shape {self.shape}; use reshape() or rebind .data")
 
     @property
     def dtype(self) -> np.dtype:
         return self._data.dtype
+
+    @dtype.setter
+    def dtype(self, value: Any) -> None:
+        if to_dtype(value) != self.dtype:  # as for shape: an assignment may only restate it
+            raise ValueError(f"Tensor {self.name}: cannot set dtype {to_dtype(value)} on a "
+                             f"{self.dtype} tensor; use as_type()")
 
     def ndim(self) -> int:
         return self._data.ndim
@@ -265,16 +313,74 @@ class Tensor:
         return self.shape[0]
 
     def __bool__(self) -> bool:
-        # NumPy's rule: only a one-element tensor has a truth value (``t in list`` would otherwise
-        # silently be True, since == is elementwise).
-        if self.size() != 1:
-            raise ValueError(f"the truth value of a Tensor of shape {self.shape} is ambiguous; "
-                             f"use `is None` tests or reduce it first")
-        return bool(self.data.reshape(()))
+        # SINGA's Tensor defines no truth value, so any Tensor is truthy (``if t:`` in SINGA code
+        # means "if t is set"). Read a value with ``float(t)`` or ``tensor.to_numpy(t)``.
+        return True
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        arr = np.array(self.data)
+        # a writable copy, as before; ``np.asarray(t, copy=False)`` (or ``np.from_dlpack(t)``)
+        # gives a read-only view of the array without copying
+        if copy is False:
+            arr = np.asarray(self.array)
+            if dtype is not None and arr.dtype != np.dtype(dtype):
+                raise ValueError(f"Tensor.__array__: converting {arr.dtype} to {np.dtype(dtype)} "
+                                 f"needs a copy, but copy=False was asked")
+            return arr
+        arr = np.array(self.array)
         return arr if dtype is None else arr.astype(dtype)
+
+    # --- JAX interop: zero-copy exchange (see docs/jax_interop.md) ---------------------------
+    def __jax_array__(self) -> jax.Array:
+        """``jnp.asarray(t)``: the array behind the handle, without a copy."""
+        return self.array
+
+    def to_jax(self) -> jax.Array:
+        """The ``jax.Array`` behind the handle (no copy; arrays are immutable, so later in-place
+        operations on this tensor rebind it and leave the returned array unchanged)."""
+        return self.array
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        """DLPack export of the array (``np.from_dlpack(t)``, ``torch.from_dlpack(t)``)."""
+        return self.array.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return self.array.__dlpack_device__()
+
+    # --- PyTorch-style autograd: thin methods over singa_jax.autograd.torch_style -------------
+    @property
+    def grad(self) -> Optional["Tensor"]:
+        """The accumulated gradient (PyTorch's ``.grad``): None until a ``backward`` reaches this
+        tensor; every later one adds to it. Assignable (a Tensor of this shape, or None)."""
+        return self.__dict__.get("_grad")
+
+    @grad.setter
+    def grad(self, value: Optional["Tensor"]) -> None:
+        _autograd().check_grad(self, value)
+        self.__dict__["_grad"] = value
+
+    @property
+    def grad_fn(self) -> Any:
+        """The operator that computed this tensor (its creator), or None for a leaf."""
+        creator = self.creator
+        return None if isinstance(creator, Dummy) else creator
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        """Make this leaf a PyTorch-style leaf whose gradient ``backward`` stores in ``.grad``
+        (sets ``requires_grad``, ``stores_grad`` and ``tracked``), or undo it; returns self."""
+        return _autograd().requires_grad_(self, requires_grad)
+
+    def backward(self, grad: Any = None, retain_graph: bool = False) -> None:
+        """PyTorch's ``backward``: accumulate the gradient of this tensor into the ``.grad`` of
+        every tensor that stores its gradient; frees the graph unless ``retain_graph``."""
+        _autograd().tensor_backward(self, grad, retain_graph)
+
+    def detach(self) -> "Tensor":
+        """A new leaf over the same array: no creator, ``requires_grad=False``."""
+        return _autograd().detach(self)
+
+    def zero_grad(self) -> None:
+        """Set ``.grad`` to zeros (the same Tensor, rebound: graph mode keeps it as state)."""
+        _autograd().zero_grad(self)
 
     def __repr__(self) -> str:
         if isinstance(self._data, jax.core.Tracer):
@@ -298,7 +404,7 @@ class Tensor:
         if not fits:
             raise ValueError(f"reshape: cannot reshape a tensor of shape {self.shape} "
                              f"({self.size()} elements) to {shape}")
-        return self._new(self.data.reshape(shape))
+        return self._new(self.array.reshape(shape))
 
     def transpose(self, axes: Optional[Sequence[int]] = None) -> "Tensor":
         """A new tensor with permuted axes (reversed when ``axes`` is None)."""
@@ -307,14 +413,14 @@ class Tensor:
             if sorted(axes) != list(range(self.ndim())):
                 raise ValueError(f"transpose: axes {axes} are not a permutation of the "
                                  f"{self.ndim()} axes of a tensor of shape {self.shape}")
-        return self._new(jnp.transpose(self.data, axes))
+        return self._new(jnp.transpose(self.array, axes))
 
     def T(self) -> "Tensor":
         """The transpose (all axes reversed); SINGA's shallow transposed view."""
         return self.transpose()
 
     def contiguous(self) -> "Tensor":
-        return self._new(self.data)
+        return self._new(self.array)
 
     def repeat(self, repeats: Union[int, Sequence[int]], axis: Optional[int] = None) -> "Tensor":
         """``numpy.repeat``: each element ``repeats`` times along ``axis`` (flattened if None)."""
@@ -328,28 +434,28 @@ class Tensor:
                 raise ValueError(f"repeat: {len(counts)} repeats for axis {axis} of size "
                                  f"{self.shape[axis]} (shape {self.shape})")
         reps = int(counts[0]) if len(counts) == 1 else np.asarray(counts)
-        return self._new(jnp.repeat(self.data, reps, axis=axis))
+        return self._new(jnp.repeat(self.array, reps, axis=axis))
 
     def reset_like(self, t: "Tensor") -> None:
         """Make this tensor a zero tensor with ``t``'s shape, dtype and device."""
         self.device = t.device
-        self.data = _filled(t.shape, 0, t.dtype, t.device)
+        self.array = _filled(t.shape, 0, t.dtype, t.device)
 
     # --- dtype and device -------------------------------------------------------------------
     def as_type(self, dtype: Any) -> "Tensor":
         """A new tensor with this tensor's values converted to ``dtype``."""
-        return self._new(self.data.astype(to_dtype(dtype)))
+        return self._new(self.array.astype(to_dtype(dtype)))
 
     def to_type(self, dtype: Any) -> "Tensor":
         """Convert this tensor to ``dtype`` in place; returns it."""
-        self.data = self.data.astype(to_dtype(dtype))
+        self.array = self.array.astype(to_dtype(dtype))
         return self
 
     def to_device(self, device: Device) -> "Tensor":
         """Move this tensor's data onto ``device`` (in place); returns it."""
         if not isinstance(device, Device):
             raise TypeError(f"to_device: expected a singa_jax Device, got {type(device).__name__}")
-        self.data = device.put(self.data)
+        self.array = device.put(self.array)
         self.device = device
         return self
 
@@ -360,24 +466,24 @@ class Tensor:
     # --- norms ------------------------------------------------------------------------------
     def l1(self) -> float:
         """SINGA's L1: ``sum(|x|) / size``."""
-        return _to_scalar(jnp.sum(jnp.abs(self.data)) / self.size())
+        return _to_scalar(jnp.sum(jnp.abs(self.array)) / self.size())
 
     def l2(self) -> float:
         """SINGA's L2: ``sqrt(sum(x**2)) / size`` (SINGA divides the norm by the size)."""
-        return _to_scalar(jnp.linalg.norm(self.data.ravel()) / self.size())
+        return _to_scalar(jnp.linalg.norm(self.array.ravel()) / self.size())
 
     # --- writing values ---------------------------------------------------------------------
     def set_value(self, x: Any, inplace: bool = True) -> "Tensor":
         """Fill with ``x``: this tensor (returned) if ``inplace``, else a new tensor."""
         if isinstance(x, Tensor):
-            x = x.data
+            x = x.array
         return self._fill(_filled(self.shape, x, self.dtype, self.device), inplace)
 
     def _fill(self, arr: jax.Array, inplace: bool) -> "Tensor":
         """Rebind this tensor to ``arr`` and return it, or (not inplace) a new tensor over it."""
         if not inplace:
             return self._new(arr)
-        self.data = arr
+        self.array = arr
         return self
 
     def copy_from_numpy(self, np_array: np.ndarray, offset: int = 0) -> None:
@@ -393,7 +499,7 @@ class Tensor:
                              f"elements) does not fit a tensor of shape {self.shape} "
                              f"({self.size()} elements) at offset {offset}")
         values = self.device.put(src.astype(self.dtype).reshape(-1))
-        self.data = _write_flat(self.data, offset, values)
+        self.array = _write_flat(self.array, offset, values)
 
     def copy_data(self, t: "Tensor") -> None:
         """Copy ``t``'s values (same number of elements, any device) into this tensor."""
@@ -402,7 +508,7 @@ class Tensor:
         if t.size() != self.size():
             raise ValueError(f"copy_data: source of shape {t.shape} ({t.size()} elements) does not "
                              f"match this tensor of shape {self.shape} ({self.size()} elements)")
-        self.data = self.device.put(t.data.reshape(self.shape).astype(self.dtype))
+        self.array = self.device.put(t.array.reshape(self.shape).astype(self.dtype))
 
     def copy_from(self, t: Union["Tensor", np.ndarray], offset: int = 0) -> None:
         """Copy from a Tensor or a NumPy array (to element ``offset`` on)."""
@@ -418,19 +524,23 @@ class Tensor:
                             f"{type(t).__name__}")
 
     # Two kinds of copy, on purpose. SINGA's methods clone/copy/deepcopy make a NEW tensor: same
-    # values, dtype and device, but SINGA's default flags and a fresh ``Dummy#N`` name. Python's
-    # copy.copy/copy.deepcopy duplicate THIS object, flags and name included (what copying a
-    # model or an optimizer state needs). Arrays are immutable, so every copy may share the
-    # array: a later in-place op on either rebinds only that handle.
+    # values, dtype and device, but SINGA's default flags and a fresh ``Dummy#N`` name; copy()
+    # shares the storage (as C++ tensors share a memory block), clone()/deepcopy() do not.
+    # Python's copy.copy/copy.deepcopy duplicate THIS object, flags and name included (what
+    # copying a model or an optimizer state needs), with storage of its own.
     def clone(self) -> "Tensor":
         """A new tensor with this tensor's values, dtype and device, SINGA's default flags
         (``requires_grad=True``, ``stores_grad=False``) and a fresh automatic name."""
-        return self._new(self.data)
+        return self._new(self.array)
 
     def copy(self) -> "Tensor":
-        """SINGA's shallow copy; the same as :meth:`clone` (sharing is invisible with immutable
-        arrays)."""
-        return self.clone()
+        """SINGA's shallow copy: a new tensor (default flags, fresh name) sharing this tensor's
+        storage, so an in-place op on either (``t += 1``) shows in both, as in SINGA."""
+        view = self.clone()
+        view.__class__ = SharedTensor
+        view._storage = self._storage if isinstance(self, SharedTensor) else self
+        del view.__dict__["_data"]
+        return view
 
     def deepcopy(self) -> "Tensor":
         """SINGA's ``deepcopy``, "same as clone()": a new tensor with default flags and a fresh
@@ -439,7 +549,7 @@ class Tensor:
 
     def _duplicate(self) -> "Tensor":
         """This tensor as another handle: same values, device, flags and name."""
-        return Tensor(data=self.data, device=self.device, requires_grad=self.requires_grad,
+        return Tensor(data=self.array, device=self.device, requires_grad=self.requires_grad,
                       stores_grad=self.stores_grad, name=self.name)
 
     def __copy__(self) -> "Tensor":
@@ -490,7 +600,7 @@ class Tensor:
         return tuple(index)
 
     def __getitem__(self, keys: Any) -> "Tensor":
-        return self._new(self.data[self._index(keys, "__getitem__")])
+        return self._new(self.array[self._index(keys, "__getitem__")])
 
     def __setitem__(self, keys: Any, value: Any) -> None:
         index = self._index(keys, "__setitem__")
@@ -502,7 +612,7 @@ class Tensor:
         if _broadcast("__setitem__", target, jnp.shape(v)) != target:
             raise ValueError(f"__setitem__: value of shape {jnp.shape(v)} does not fit the "
                              f"selected region of shape {target}")
-        self.data = self.data.at[index].set(jnp.asarray(v).astype(self.dtype))
+        self.array = self.array.at[index].set(jnp.asarray(v).astype(self.dtype))
 
     # --- operators: NumPy broadcasting; NotImplemented for foreign types (see _binary) --------
     __add__ = _operator("add", jnp.add)
@@ -535,18 +645,24 @@ class Tensor:
     __ne__ = _comparison("ne", jnp.not_equal)
 
     def __neg__(self) -> "Tensor":
-        return self._new(jnp.negative(self.data))
+        if self.tracked:
+            return _autograd().tracked_negative(self)
+        return self._new(jnp.negative(self.array))
 
     def __pos__(self) -> "Tensor":
-        return self._new(self.data)
+        return self._new(self.array)
 
     def __abs__(self) -> "Tensor":
-        return self._new(jnp.abs(self.data))
+        return self._new(jnp.abs(self.array))
 
     def __matmul__(self, other: "Tensor") -> "Tensor":
+        if _tracked(self, other):
+            return _autograd().tracked_operator("matmul", self, other, reflected=False)
         return mult(self, other)
 
     def __rmatmul__(self, other: Any) -> "Tensor":
+        if _tracked(self, other):
+            return _autograd().tracked_operator("matmul", self, other, reflected=True)
         return mult(_as_tensor_like(other, self), self)
 
     # --- SINGA's deprecated row/column updates (in place; v has one entry per row/column) -----
@@ -596,7 +712,7 @@ def _operand(op: str, t: Tensor, x: Any):
     NotImplemented for other types, so Python can try the other operand's operator."""
     if isinstance(x, Tensor):
         _same_device(op, t, x)
-        return x.data
+        return x.array
     if isinstance(x, (bool, int, float)):
         return x
     if isinstance(x, np.generic):
@@ -615,6 +731,7 @@ def _broadcast(op: str, a: Tuple[int, ...], b: Tuple[int, ...]) -> Tuple[int, ..
 
 
 @contextlib.contextmanager
+
 def _shape_errors(op: str, *operands: Any) -> Iterator[None]:
     """Re-raise JAX's complaints about operand shapes (TypeError or ValueError there) as a
     ValueError naming ``op`` and the operands."""
@@ -633,7 +750,7 @@ def _binary(op: str, fn: Callable, lhs: Tensor, rhs: Any, reflected: bool = Fals
     if b is NotImplemented:
         return b
     _broadcast(op, lhs.shape, jnp.shape(b))
-    return fn(b, lhs.data) if reflected else fn(lhs.data, b)
+    return fn(b, lhs.array) if reflected else fn(lhs.array, b)
 
 
 def _store(op: str, out: Tensor, arr: jax.Array) -> Tensor:
@@ -642,7 +759,7 @@ def _store(op: str, out: Tensor, arr: jax.Array) -> Tensor:
     if tuple(arr.shape) != out.shape:
         raise ValueError(f"{op}: result of shape {tuple(arr.shape)} does not fit the output "
                          f"tensor of shape {out.shape}")
-    out.data = out.device.put(arr.astype(out.dtype))
+    out.array = out.device.put(arr.astype(out.dtype))
     return out
 
 
@@ -670,60 +787,7 @@ def _line(op: str, M: Tensor, v: Any, axis: int) -> jax.Array:
         kind = "column" if axis == 0 else "row"
         raise ValueError(f"{op}: v of shape {v.shape} must have {n} elements to be a {kind} of a "
                          f"tensor of shape {M.shape}")
-    return v.data.reshape((n, 1) if axis == 0 else (1, n))
-
-
-PlaceHolder = Tensor  # SINGA's alias
-
-
-# --- module functions --------------------------------------------------------------------------
-def from_raw_tensor(t: jax.Array) -> Tensor:
-    """A Tensor over the array ``t`` (SINGA wraps a CTensor)."""
-    return Tensor(data=t, device=_device_of(t))
-
-
-def from_raw_tensors(tt) -> List[Tensor]:
-    return [from_raw_tensor(t) for t in tt]
-
-
-def _device_of(arr) -> Device:
-    if isinstance(arr, jax.core.Tracer):
-        return get_default_device()
-    try:
-        devs = arr.devices()
-    except AttributeError:
-        return get_default_device()
-    if len(devs) == 1:
-        return _device_mod._wrap(next(iter(devs)))
-    return get_default_device()
-
-
-def from_numpy(np_array: np.ndarray, dev: Optional[Device] = None) -> Tensor:
-    """A Tensor holding a copy of ``np_array`` (float64 becomes float32 and int64 int32, as in
-    SINGA)."""
-    a = np.asarray(np_array)
-    if a.dtype == np.float64:
-        a = a.astype(np.float32)
-    elif a.dtype == np.int64:
-        a = a.astype(np.int32)
-    elif a.dtype.kind not in "biuf":
-        raise TypeError(f"from_numpy: cannot make a tensor from a NumPy array of dtype {a.dtype}")
-    return Tensor(data=a, device=dev, dtype=a.dtype)
-
-
-def to_numpy(t: Tensor) -> np.ndarray:
-    """A (writable) NumPy copy of ``t``'s value."""
-    return np.array(_check_tensor("to_numpy", "t", t).data)
-
-
-def to_host(t: Tensor) -> Tensor:
-    """A copy of ``t`` on the host (CPU) device."""
-    return t.clone().to_host()
-
-
-def copy_from_numpy(data: Tensor, np_array: np.ndarray) -> None:
-    """Copy ``np_array`` into the tensor ``data`` (SINGA passes its C++ tensor)."""
-    _check_tensor("copy_from_numpy", "data", data).copy_from_numpy(np_array)
+    return v.array.reshape((n, 1) if axis == 0 else (1, n))
 
 
 def copy_data_to_from(dst: Tensor, src: Tensor, size: int, dst_offset: int = 0,
@@ -738,146 +802,8 @@ def copy_data_to_from(dst: Tensor, src: Tensor, size: int, dst_offset: int = 0,
         raise ValueError(f"{op}: cannot copy {size} elements from offset {src_offset} of a tensor "
                          f"of shape {src.shape} to offset {dst_offset} of a tensor of shape "
                          f"{dst.shape}")
-    values = src.data.reshape(-1)[src_offset:src_offset + size].astype(dst.dtype)
-    dst.data = _write_flat(dst.data, dst_offset, dst.device.put(values))
-
-
-def _constant(shape: ShapeLike, value: float, device: Optional[Device]) -> Tensor:
-    device = get_default_device() if device is None else device
-    return Tensor(data=_filled(_as_shape(shape), value, float32, device), device=device)
-
-
-def zeros(shape: ShapeLike, device: Optional[Device] = None) -> Tensor:
-    """A float32 tensor of zeros (on the default device if ``device`` is None)."""
-    return _constant(shape, 0.0, device)
-
-
-def ones(shape: ShapeLike, device: Optional[Device] = None) -> Tensor:
-    """A float32 tensor of ones."""
-    return _constant(shape, 1.0, device)
-
-
-def random(shape: ShapeLike, device: Optional[Device] = None) -> Tensor:
-    """A float32 tensor drawn from U[0, 1) with the device's key."""
-    return _constant(shape, 0.0, device).uniform(0.0, 1.0)
-
-
-def zeros_like(t: Tensor) -> Tensor:
-    """Zeros with ``t``'s shape, dtype and device."""
-    return t.set_value(0, inplace=False)
-
-
-def ones_like(t: Tensor) -> Tensor:
-    """Ones with ``t``'s shape, dtype and device."""
-    return t.set_value(1, inplace=False)
-
-
-def product(shape: Sequence[int]) -> int:
-    """Number of elements of ``shape``."""
-    return math.prod(int(s) for s in shape)
-
-
-def contiguous(tensor: Tensor) -> Tensor:
-    return tensor.contiguous()
-
-
-def reshape(tensor: Tensor, shape: ShapeLike) -> Tensor:
-    """``tensor``'s values in a new shape (``tensor`` is unchanged)."""
-    return tensor.reshape(shape)
-
-
-def transpose(t: Tensor, axes: Optional[Sequence[int]] = None) -> Tensor:
-    return t.transpose(axes)
-
-
-def repeat(t: Tensor, repeats: Union[int, Sequence[int]], axis: Optional[int] = None) -> Tensor:
-    return t.repeat(repeats, axis)
-
-
-def sum(t: Tensor, axis: Union[None, int, Tuple[int, ...]] = None,
-        out: Optional[Tensor] = None) -> Tensor:
-    """Sum over ``axis`` (all elements when None: a 0-d tensor), optionally into ``out``."""
-    with _shape_errors("sum", t):
-        arr = jnp.sum(t.data, axis=axis)
-    return _result("sum", t, arr, out)
-
-
-def average(t: Tensor, axis: Optional[int] = None) -> Union[float, Tensor]:
-    """Mean of all elements as a float (SINGA also does so for 1-d tensors), else the tensor of
-    means over ``axis``."""
-    if axis is None or t.ndim() <= 1:
-        return _to_scalar(jnp.mean(t.data))
-    with _shape_errors("average", t):
-        return t._new(jnp.mean(t.data, axis=axis))
-
-
-def softmax(t: Tensor, out: Optional[Tensor] = None) -> Tensor:
-    """Softmax over the last axis (each row of a 2-d tensor):
-    ``exp(x - max) / sum(exp(x - max))``."""
-    return _result("softmax", t, jax.nn.softmax(t.data, axis=-1), out)
-
-
-def _elementwise(op: str, fn: Callable, lhs: Tensor, rhs: Any, out: Optional[Tensor]) -> Tensor:
-    _check_tensor(op, "lhs", lhs)
-    return _result(op, lhs, _binary(op, fn, lhs, rhs), out)
-
-
-def pow(t: Tensor, x: Any, out: Optional[Tensor] = None) -> Tensor:
-    """``t ** x`` elementwise (``x`` a number or a broadcastable Tensor)."""
-    return _elementwise("pow", jnp.power, t, x, out)
-
-
-def _make_elementwise(name: str, fn: Callable) -> Callable:
-    """SINGA's ``<name>(lhs, rhs, ret=None)``: ``fn`` elementwise, into ``ret`` when given."""
-    def elementwise(lhs: Tensor, rhs: Any, ret: Optional[Tensor] = None) -> Tensor:
-        return _elementwise(name, fn, lhs, rhs, ret)
-    elementwise.__name__ = elementwise.__qualname__ = name
-    elementwise.__doc__ = (f"Elementwise ``{fn.__name__}(lhs, rhs)`` with NumPy broadcasting; "
-                           f"written into ``ret`` (and returned) when given.")
-    return elementwise
-
-
-def _make_comparison(name: str, fn: Callable) -> Callable:
-    """SINGA's ``<name>(t, x)``: the operator ``Tensor.__<name>__`` (which applies ``fn``)."""
-    def comparison(t: Tensor, x: Any) -> Tensor:
-        result = getattr(_check_tensor(name, "t", t), f"__{name}__")(x)
-        if result is NotImplemented:
-            raise TypeError(f"{name}: cannot compare a Tensor with a {type(x).__name__}")
-        return result
-    comparison.__name__ = comparison.__qualname__ = name
-    comparison.__doc__ = f"Elementwise ``{fn.__name__}(t, x)`` as 0/1 in ``t``'s dtype."
-    return comparison
-
-
-def _make_unary(name: str, fn: Callable, formula: str) -> Callable:
-    """SINGA's ``<name>(t)``: a new tensor of ``fn`` of each element (``formula`` documents it)."""
-    def unary(t: Tensor) -> Tensor:
-        return _check_tensor(name, "t", t)._new(fn(t.data))
-    unary.__name__ = unary.__qualname__ = name
-    unary.__doc__ = f"A new tensor with ``{formula}`` for each element x of ``t``."
-    return unary
-
-
-add = _make_elementwise("add", jnp.add)
-sub = _make_elementwise("sub", jnp.subtract)
-eltwise_mult = _make_elementwise("eltwise_mult", jnp.multiply)
-div = _make_elementwise("div", jnp.true_divide)
-
-lt = _make_comparison("lt", jnp.less)
-le = _make_comparison("le", jnp.less_equal)
-gt = _make_comparison("gt", jnp.greater)
-ge = _make_comparison("ge", jnp.greater_equal)
-eq = _make_comparison("eq", jnp.equal)
-
-abs = _make_unary("abs", jnp.abs, "|x|")
-exp = _make_unary("exp", jnp.exp, "exp(x)")
-ceil = _make_unary("ceil", jnp.ceil, "ceil(x)")
-log = _make_unary("log", jnp.log, "log(x)")
-sigmoid = _make_unary("sigmoid", jax.nn.sigmoid, "1 / (1 + exp(-x))")
-sign = _make_unary("sign", jnp.sign, "sign(x)")
-sqrt = _make_unary("sqrt", jnp.sqrt, "sqrt(x)")
-square = _make_unary("square", jnp.square, "x * x")
-tanh = _make_unary("tanh", jnp.tanh, "tanh(x)")
+    values = src.array.reshape(-1)[src_offset:src_offset + size].astype(dst.dtype)
+    dst.array = _write_flat(dst.array, dst_offset, dst.device.put(values))
 
 
 def mult(A: Tensor, B: Tensor, C: Optional[Tensor] = None, alpha: float = 1.0,
@@ -888,108 +814,27 @@ def mult(A: Tensor, B: Tensor, C: Optional[Tensor] = None, alpha: float = 1.0,
     _check_tensor("mult", "B", B)
     _same_device("mult", A, B)
     with _shape_errors("mult", A, B):
-        prod = jnp.matmul(A.data, B.data)
+        prod = jnp.matmul(A.array, B.array)
     if alpha != 1.0:
         prod = alpha * prod
     if C is None:
         return A._new(prod)
     _same_device("mult", A, _check_tensor("mult", "C", C))
     # BLAS ignores C when beta is 0, so NaNs in C do not leak in
-    return _store("mult", C, prod if beta == 0 else prod + beta * C.data)
+    return _store("mult", C, prod if beta == 0 else prod + beta * C.array)
 
 
-def einsum(ops: str, *args: Tensor) -> Tensor:
-    """``numpy.einsum`` over Tensors, e.g. ``einsum('ki,kj->kij', A, B)``."""
-    if not ops:
-        raise ValueError("einsum: no subscripts given")
-    if not args:
-        raise ValueError(f"einsum: no operands for {ops!r}")
-    for i, a in enumerate(args):
-        _check_tensor("einsum", f"operand {i}", a)
-    _same_device("einsum", *args)
-    with _shape_errors(f"einsum({ops!r})", *args):
-        return args[0]._new(jnp.einsum(ops, *(a.data for a in args)))
+class SharedTensor(Tensor):
+    """What :meth:`Tensor.copy` returns: a Tensor whose array is its storage tensor's, read and
+    rebound through it (a SINGA shallow copy shares the C++ memory block)."""
+
+    @property
+    def _data(self) -> jax.Array:
+        return self._storage._data
+
+    @_data.setter
+    def _data(self, value: jax.Array) -> None:
+        self._storage._data = value
 
 
-def tensordot(A: Tensor, B: Tensor, axes: Any = 2) -> Tensor:
-    """``numpy.tensordot``: sum products over the last ``axes`` of A and first of B, or over the
-    pair of axis lists ``axes``."""
-    _check_tensor("tensordot", "A", A)
-    _check_tensor("tensordot", "B", B)
-    _same_device("tensordot", A, B)
-    if isinstance(axes, (list, tuple)):
-        axes = tuple(tuple(a) if isinstance(a, (list, tuple)) else a for a in axes)
-    with _shape_errors("tensordot", A, B):
-        return A._new(jnp.tensordot(A.data, B.data, axes))
-
-
-def concatenate(tensors: Sequence[Tensor], axis: int) -> Tensor:
-    """Join tensors along ``axis`` (all other dimensions equal)."""
-    tensors = list(tensors)
-    if not tensors:
-        raise ValueError("concatenate: no tensors given")
-    for i, t in enumerate(tensors):
-        _check_tensor("concatenate", f"tensor {i}", t)
-    _same_device("concatenate", *tensors)
-    with _shape_errors("concatenate", *tensors):
-        return tensors[0]._new(jnp.concatenate([t.data for t in tensors], axis=axis))
-
-
-def axpy(alpha: float, x: Tensor, y: Tensor) -> Tensor:
-    """In place ``y += alpha * x``; returns ``y``."""
-    _check_tensor("axpy", "x", x)
-    _check_tensor("axpy", "y", y)
-    _same_device("axpy", x, y)
-    if _broadcast("axpy", x.shape, y.shape) != y.shape:
-        raise ValueError(f"axpy: x of shape {x.shape} does not broadcast to y of shape {y.shape}")
-    y.data = (y.data + alpha * x.data).astype(y.dtype)
-    return y
-
-
-def bernoulli(p: float, t: Tensor) -> Tensor:
-    """Fill ``t`` in place with 1 (probability ``p``) or 0; returns ``t``."""
-    return _check_tensor("bernoulli", "t", t).bernoulli(p)
-
-
-def gaussian(mean: float, std: float, t: Tensor) -> Tensor:
-    """Fill ``t`` in place from N(mean, std**2); returns ``t``."""
-    return _check_tensor("gaussian", "t", t).gaussian(mean, std)
-
-
-def uniform(low: float, high: float, t: Tensor) -> Tensor:
-    """Fill ``t`` in place from U[low, high); returns ``t``."""
-    return _check_tensor("uniform", "t", t).uniform(low, high)
-
-
-def _scaled_line_update(op: str, alpha: float, v: Tensor, beta: float, M: Tensor,
-                        axis: int) -> Tensor:
-    line = _line(op, M, v, axis)
-    M.data = (alpha * line + beta * M.data).astype(M.dtype)
-    return M
-
-
-def add_column(alpha: float, v: Tensor, beta: float, M: Tensor) -> Tensor:
-    """In place, for each column m of the 2-d ``M``: ``m = alpha * v + beta * m``; returns M."""
-    return _scaled_line_update("add_column", alpha, v, beta, M, 0)
-
-
-def add_row(alpha: float, v: Tensor, beta: float, M: Tensor) -> Tensor:
-    """In place, for each row m of the 2-d ``M``: ``m = alpha * v + beta * m``; returns M."""
-    return _scaled_line_update("add_row", alpha, v, beta, M, 1)
-
-
-def _sum_keepdims(op: str, M: Tensor, axis: int) -> Tensor:
-    if _check_tensor(op, "M", M).ndim() != 2:
-        raise ValueError(f"{op}: expects a 2-d tensor, got shape {M.shape}")
-    return M._new(jnp.sum(M.data, axis=axis, keepdims=True))
-
-
-def sum_columns(M: Tensor) -> Tensor:
-    """Sum of the columns of the 2-d ``M``: a column of shape (rows, 1)."""
-    return _sum_keepdims("sum_columns", M, 1)
-
-
-def sum_rows(M: Tensor) -> Tensor:
-    """Sum of the rows of the 2-d ``M``: a row of shape (1, columns)."""
-    return _sum_keepdims("sum_rows", M, 0)
-
+PlaceHolder = Tensor  # SINGA's alias

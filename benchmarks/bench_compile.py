@@ -1,0 +1,116 @@
+"""First-step times of the example models in graph mode: ``Model.compile()``, the first training
+call (trace + XLA compile + run) and the second call (a cached program: the steady state).
+
+Each model runs in a fresh Python process, so nothing compiled by an earlier model (or an
+earlier run) is reused except through JAX's persistent compilation cache. With ``--cache cold``
+every process gets a new, empty cache folder (a first run on a new machine); ``--cache warm``
+runs each model twice over one folder and reports the second run (a re-run of the same
+program); ``--cache both`` reports both; ``--cache off`` disables the cache
+(``SINGA_JAX_COMPILATION_CACHE=0``).
+
+    python benchmarks/bench_compile.py [--models resnet50,xception] [--batch 8] [--cache both]
+
+Models: cnn (LeNet, 28x28), alexnet (224), resnet18/50/101 (224), xception (299), as SINGA's
+examples/cnn/model builds them; SGD with momentum, softmax cross-entropy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ("cnn", "alexnet", "resnet18", "resnet50", "resnet101", "xception")
+
+
+def _child(name: str, batch: int) -> None:
+    """Build, compile and run two steps of one model; print one JSON line of timings."""
+    start = time.perf_counter()
+    sys.path[:0] = [os.path.join(_ROOT, "examples", "cnn"), os.path.join(_ROOT, "examples")]
+    import numpy as np
+    import jax
+    from singa_jax import device, opt, tensor
+    from model import alexnet, cnn, resnet, xceptionnet
+
+    builders = {"cnn": (cnn.create_model, 1, 28), "alexnet": (alexnet.create_model, 3, 224),
+                "resnet18": (resnet.resnet18, 3, 224), "resnet50": (resnet.resnet50, 3, 224),
+                "resnet101": (resnet.resnet101, 3, 224),
+                "xception": (xceptionnet.create_model, 3, 299)}
+    create, channels, size = builders[name]
+    imported = time.perf_counter()
+    device.get_default_device().SetRandSeed(0)
+    net = create(num_channels=channels) if name != "cnn" else create(num_channels=channels)
+    net.set_optimizer(opt.SGD(lr=0.01, momentum=0.9))
+    rng = np.random.default_rng(0)
+    x = tensor.from_numpy(rng.standard_normal((batch, channels, size, size)).astype(np.float32))
+    y = tensor.from_numpy(rng.integers(0, 10, batch).astype(np.int32))
+
+    def wait_all() -> None:
+        jax.block_until_ready([t.array for t in net.get_states().values()] +
+                              [t.array for t in net.optimizer.get_states().values()])
+
+    t0 = time.perf_counter()
+    net.compile([tensor.Tensor((batch, channels, size, size))], is_train=True, use_graph=True)
+    wait_all()
+    t1 = time.perf_counter()
+    net(x, y)
+    wait_all()
+    t2 = time.perf_counter()
+    net(x, y)
+    wait_all()
+    t3 = time.perf_counter()
+    runner = net._graph_runner
+    print(json.dumps({"model": name, "import": imported - start, "compile": t1 - t0,
+                      "first": t2 - t1, "second": t3 - t2, "traces": runner.trace_count,
+                      "programs": len(runner.programs)}))
+
+
+def _run(name: str, batch: int, cache_dir: str) -> dict:
+    env = dict(os.environ)
+    env["SINGA_JAX_COMPILATION_CACHE"] = cache_dir
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name,
+                          "--batch", str(batch)], env=env, capture_output=True, text=True,
+                         check=False)
+    if out.returncode:
+        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _report(tag: str, r: dict) -> None:
+    print(f"{r['model']:10s} {tag:5s} compile() {r['compile']:6.2f}s  first call "
+          f"{r['first']:6.2f}s  compile+first {r['compile'] + r['first']:6.2f}s  second call "
+          f"{r['second']:6.3f}s  traces {r['traces']} programs {r['programs']}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="cnn,resnet50,xception")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--cache", choices=("cold", "warm", "both", "off"), default="both")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        _child(args.child, args.batch)
+        return
+    print(f"batch {args.batch}; each model in a fresh process (seconds)")
+    for name in args.models.split(","):
+        name = name.strip()
+        if name not in MODELS:
+            raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+        if args.cache == "off":
+            _report("off", _run(name, args.batch, "0"))
+            continue
+        with tempfile.TemporaryDirectory(prefix="singa_jax_xla_") as folder:
+            cold = _run(name, args.batch, folder)
+            if args.cache in ("cold", "both"):
+                _report("cold", cold)
+            if args.cache in ("warm", "both"):
+                _report("warm", _run(name, args.batch, folder))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The fast paths of docs/performance.md give the numbers of the paths they replace.
+
+* max pooling over tiling windows (reshape + max, first-argmax custom_vjp) equals XLA's
+  reduce_window lowering, values and gradients, ties included;
+* graph mode's CPU compile options, and the fallback when a jaxlib rejects one;
+* compile()'s abstract initialisation gives the parameters an eager forward gives;
+* a training step compiles once per signature (its optimizer slots learnt by a first trace);
+* eager mode computes no gradient for a plain input batch;
+* the persistent compilation cache setting and its opt-out.
+"""
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import singa_jax
+from singa_jax import autograd, device, graph, layer, model, opt, tensor
+from singa_jax.autograd import nn as autograd_nn
+
+
+def reduce_window_max(x, kernel):
+    return lax.reduce_window(x, -jnp.inf, lax.max, (1, 1) + kernel, (1, 1) + kernel,
+                             ((0, 0),) * 4)
+
+
+@pytest.mark.parametrize("shape,kernel", [((2, 3, 8, 8), (2, 2)), ((2, 3, 9, 7), (2, 2)),
+                                          ((1, 2, 6, 6), (3, 3)), ((2, 2, 6, 8), (2, 4))])
+def test_tiled_max_pool_equals_reduce_window_with_ties(shape, kernel):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(0, 3, shape).astype(np.float32))  # most windows have ties
+    out_shape = (shape[0], shape[1], shape[2] // kernel[0], shape[3] // kernel[1])
+    dy = jnp.asarray(rng.standard_normal(out_shape).astype(np.float32))
+    y_ref, pull_ref = jax.vjp(lambda a: reduce_window_max(a, kernel), x)
+    y, pull = jax.vjp(lambda a: autograd_nn._max_pool_tiles(a, kernel), x)
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(pull(dy)[0], pull_ref(dy)[0])  # the first maximum wins
+    assert float(jnp.sum(pull(dy)[0] != 0)) <= dy.size  # one element per window
+
+
+def test_max_pool_layer_uses_tiles_and_matches_jax_grad():
+    rng = np.random.default_rng(1)
+    x_np = rng.integers(0, 4, (2, 3, 6, 6)).astype(np.float32)
+    dy = rng.standard_normal((2, 3, 3, 3)).astype(np.float32)
+    x = tensor.Tensor(data=x_np, stores_grad=True)
+    prev = autograd.training
+    autograd.training = True
+    try:
+        y = layer.MaxPool2d(2, 2)(x)
+        loss = autograd.reduce_sum(autograd.mul(y, tensor.Tensor(data=dy, requires_grad=False)))
+        grads = {id(p): g for p, g in autograd.backward(loss)}
+    finally:
+        autograd.training = prev
+    ref = jax.grad(lambda a: jnp.sum(reduce_window_max(a, (2, 2)) * dy))(jnp.asarray(x_np))
+    np.testing.assert_array_equal(np.asarray(y.array), reduce_window_max(x_np, (2, 2)))
+    np.testing.assert_array_equal(np.asarray(grads[id(x)].array), ref)
+
+
+def test_overlapping_pooling_keeps_the_general_lowering():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((1, 2, 7, 7)).astype(np.float32))
+    y = autograd_nn._pooling2d_kernel(x, kernel=(3, 3), stride=(2, 2), padding=(1, 1),
+                                      is_max=True, odd_padding=(0, 0, 0, 0))
+    ref = lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2),
+                            ((0, 0), (0, 0), (1, 1), (1, 1)))
+    np.testing.assert_array_equal(y, ref)
+
+
+# --- compile options -------------------------------------------------------------------------
+def test_compile_options_are_cpu_only():
+    assert graph.compile_options("cpu") == {"xla_cpu_experimental_ynn_fusion_type": ""}
+    assert graph.compile_options("gpu") == {} and graph.compile_options("tpu") == {}
+    assert graph.compile_options("gpu", one_off=True) == graph._ONE_OFF_OPTIONS
+
+
+def test_a_rejected_compile_option_is_dropped_and_remembered(monkeypatch):
+    monkeypatch.setitem(graph._CPU_OPTIONS, "xla_cpu_no_such_option_for_tests", "")
+    monkeypatch.setattr(graph, "_REJECTED_OPTIONS", set())
+    calls = []
+
+    def compile_fn(options):
+        calls.append(dict(options or {}))
+        if options and "xla_cpu_no_such_option_for_tests" in options:
+            raise jax.errors.JaxRuntimeError(
+                "INVALID_ARGUMENT: No such compile option: 'xla_cpu_no_such_option_for_tests'")
+        return "compiled"
+
+    assert graph._compile_with_options(compile_fn, "cpu", False) == "compiled"
+    assert calls[-1] == {"xla_cpu_experimental_ynn_fusion_type": ""}
+    assert ("cpu", "xla_cpu_no_such_option_for_tests") in graph._REJECTED_OPTIONS
+    calls.clear()
+    graph._compile_with_options(compile_fn, "cpu", False)
+    assert len(calls) == 1  # not tried again
+    with pytest.raises(jax.errors.JaxRuntimeError, match="boom"):  # other errors propagate
+        graph._compile_with_options(
+            lambda o: (_ for _ in ()).throw(jax.errors.JaxRuntimeError("boom")), "cpu", False)
+
+
+# --- models ----------------------------------------------------------------------------------
+class Net(model.Model):
+    def __init__(self):
+        super().__init__()
+        self.conv = layer.Conv2d(4, 3, padding=1)
+        self.bn = layer.BatchNorm2d(4)
+        self.pool = layer.MaxPool2d(2, 2)
+        self.flat = layer.Flatten()
+        self.fc = layer.Linear(5)
+        self.loss = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        return self.fc(self.flat(self.pool(autograd.relu(self.bn(self.conv(x))))))
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        self.optimizer(loss)
+        return out, loss
+
+
+SHAPE = (4, 2, 6, 6)
+
+
+def data(step):
+    rng = np.random.default_rng(10 + step)
+    x = tensor.from_numpy(rng.standard_normal(SHAPE).astype(np.float32))
+    y = tensor.from_numpy(rng.integers(0, 5, SHAPE[0]).astype(np.int32))
+    return x, y
+
+
+def build(use_graph):
+    device.get_default_device().SetRandSeed(5)
+    net = Net()
+    net.set_optimizer(opt.SGD(lr=0.1, momentum=0.9))
+    net.compile([tensor.Tensor(SHAPE)], is_train=True, use_graph=use_graph)
+    return net
+
+
+def test_abstract_initialisation_gives_the_eager_parameters():
+    compiled = build(False)
+    key_after = np.asarray(device.get_default_device().key)
+    device.get_default_device().SetRandSeed(5)
+    eager = Net()
+    with _training(False):
+        eager.forward(tensor.Tensor(SHAPE))  # today's way: an eager placeholder forward
+    np.testing.assert_array_equal(np.asarray(device.get_default_device().key), key_after)
+    a, b = compiled.get_states(), eager.get_states()
+    assert a.keys() == b.keys() and len(a) == 6
+    for k in a:
+        assert not isinstance(a[k].array, jax.core.Tracer)
+        np.testing.assert_array_equal(np.asarray(a[k].array), np.asarray(b[k].array), err_msg=k)
+
+
+class _training:
+    def __init__(self, mode):
+        self.mode = mode
+
+    def __enter__(self):
+        self.prev = autograd.training
+        autograd.training = self.mode
+
+    def __exit__(self, *exc):
+        autograd.training = self.prev
+
+
+def test_a_training_step_compiles_once_and_equals_eager():
+    eager, compiled = build(False), build(True)
+    for s in range(3):
+        x, y = data(s)
+        _, le = eager(x, y)
+        _, lg = compiled(x, y)
+        np.testing.assert_allclose(float(lg.array), float(le.array), rtol=1e-5, atol=1e-6)
+    runner = compiled._graph_runner
+    # the first call learns the momentum slots by a trace, then traces with them and compiles
+    assert runner.compile_count == 1 and runner.trace_count == 2 and len(runner.programs) == 1
+    for k, t in eager.get_states().items():
+        np.testing.assert_allclose(np.asarray(compiled.get_states()[k].array),
+                                   np.asarray(t.array), rtol=1e-5, atol=1e-6, err_msg=k)
+    slots = compiled.optimizer.get_states()
+    for k, t in eager.optimizer.get_states().items():
+        np.testing.assert_allclose(np.asarray(slots[k].array), np.asarray(t.array),
+                                   rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_eager_computes_no_gradient_for_the_input_batch():
+    net = build(False)
+    x, y = data(0)
+    with _training(True):
+        out = net.forward(x)
+    op = out.creator
+    while op.src and not isinstance(op.src[0][0], autograd.Dummy):
+        op = op.src[0][0]  # walk back to the first convolution
+    assert type(op).__name__ == "_Conv2d"
+    assert op._diff == (False, True, True)  # x: no gradient; W and b: yes
+
+
+# --- persistent compilation cache ----------------------------------------------------------
+def test_cache_folder_setting(monkeypatch, tmp_path):
+    monkeypatch.setattr(jax.config, "jax_compilation_cache_dir", None, raising=False)
+    monkeypatch.delenv(singa_jax.COMPILATION_CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert singa_jax._compilation_cache_folder() == str(tmp_path / "singa_jax" / "xla")
+    monkeypatch.setenv(singa_jax.COMPILATION_CACHE_ENV, "0")
+    assert singa_jax._compilation_cache_folder() is None
+    monkeypatch.setenv(singa_jax.COMPILATION_CACHE_ENV, str(tmp_path / "mine"))
+    assert singa_jax._compilation_cache_folder() == str(tmp_path / "mine")
+
+
+def test_import_sets_the_cache_without_starting_a_backend(tmp_path):
+    code = ("import jax, singa_jax; from jax._src import xla_bridge as xb; "
+            "print(jax.config.jax_compilation_cache_dir, bool(xb._backends))")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env[singa_jax.COMPILATION_CACHE_ENV] = str(tmp_path / "xla")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [str(tmp_path / "xla"), "False"]
+    env[singa_jax.COMPILATION_CACHE_ENV] = "0"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["None", "False"]
