@@ -8,6 +8,7 @@ folder; a cache folder already chosen for JAX (``JAX_COMPILATION_CACHE_DIR``) is
 JAX's configuration is touched: no backend is started at import.
 """
 import os as _os
+import typing as _typing
 
 import jax as _jax
 
@@ -41,6 +42,17 @@ def _use_compilation_cache() -> None:
 _use_compilation_cache()
 
 from . import device, tensor, autograd  # noqa: F401
-from .run import install_as_singa  # noqa: F401
+
+if _typing.TYPE_CHECKING:
+    from . import run
+
+
+def install_as_singa(cuda_fallback: bool = True) -> "run.SingaAliasFinder":
+    """Make ``import singa`` resolve to singa_jax in this process (see ``singa_jax.run``)."""
+    # imported on call: importing singa_jax.run here would make ``python -m singa_jax.run``
+    # warn that the module was already imported before runpy executes it
+    from .run import install_as_singa as install
+    return install(cuda_fallback)
+
 
 __version__ = "0.1.0"

@@ -38,7 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Check", "check", "collecting", "check_indices"]
+__all__ = ["Check", "check", "collecting", "check_indices", "all_passed", "outputs",
+           "raise_first_failure"]
 
 Message = Union[str, Callable[[], str]]
 
@@ -76,6 +77,29 @@ def collecting() -> Iterator[List[Check]]:
         yield found
     finally:
         _COLLECTOR.reset(token)
+
+
+def all_passed(found: Sequence[Check]) -> Any:
+    """One scalar: whether every recorded check holds (traced, like the checks)."""
+    ok = found[0].ok
+    for c in found[1:]:
+        ok = ok & c.ok
+    return ok
+
+
+def outputs(found: Sequence[Check]) -> Tuple[Tuple[Any, Tuple[Any, ...], str], ...]:
+    """What a compiled step returns for its checks: ``(ok, values, message)`` per check; the
+    message strings are static (a graph-mode program bakes them into its result)."""
+    return tuple((c.ok, tuple(c.values), c.message) for c in found)
+
+
+def raise_first_failure(results: Sequence[Tuple[Any, Sequence[Any], str]]) -> None:
+    """After a compiled step ran: ``ValueError`` with the message of the first check in
+    ``results`` (as :func:`outputs` made them, now concrete) that failed. Reads one scalar per
+    check from the device, and only for steps that have checks."""
+    for ok, values, message in results:
+        if not bool(ok):
+            raise ValueError(_format(message, values))
 
 
 def _is_tracer(x: Any) -> bool:

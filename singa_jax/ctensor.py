@@ -24,22 +24,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import device as _device_mod
-from .device import Device, get_default_device
-from .dtypes import to_dtype
+from .device import Device, device_of, get_default_device
+from .dtypes import float16, float32, float64, int8, int32, int64, to_dtype, uint8
 
 __all__ = ["CTensor", "BoundCTensor", "Tensor", "VecTensor", "as_array", "Shape", "kFloat32", "kFloat16", "kInt", "kChar",
            "kDouble", "kUChar", "kLong", "SizeOf", "Product"]
 
 # SINGA's DataType enum. As in singa_jax.tensor, the constants are NumPy dtypes, so they compare
 # equal to ``tensor.float32``, ``Tensor.dtype`` and ``CTensor.data_type()``.
-kFloat32 = np.dtype("float32")
-kFloat16 = np.dtype("float16")
-kInt = np.dtype("int32")
-kChar = np.dtype("int8")
-kDouble = np.dtype("float64")
-kUChar = np.dtype("uint8")
-kLong = np.dtype("int64")
+kFloat32, kFloat16, kInt, kChar = float32, float16, int32, int8
+kDouble, kUChar, kLong = float64, uint8, int64
 
 
 def SizeOf(dtype: Any) -> int:
@@ -97,15 +91,6 @@ def store(op: str, out: "CTensor", value: jax.Array) -> "CTensor":
         value = value.reshape(old.shape)
     out._array = value if value.dtype == old.dtype else value.astype(old.dtype)
     return out
-
-
-def _device_of(arr: jax.Array) -> Device:
-    if isinstance(arr, jax.core.Tracer):
-        return get_default_device()
-    devs = arr.devices()
-    if len(devs) != 1:
-        return get_default_device()
-    return _device_mod._wrap(next(iter(devs)))
 
 
 # --- cached kernels of the methods (one compile per shape/dtype, never per value) -------------
@@ -234,7 +219,7 @@ class CTensor:
         return int(self._array.size)
 
     def device(self) -> Device:
-        return _device_of(self._array)
+        return device_of(self._array)
 
     def data_type(self) -> np.dtype:
         return np.dtype(self._array.dtype)
@@ -280,7 +265,7 @@ class CTensor:
             raise ValueError(f"{op}: {values.size} values at offset {offset} do not fit a "
                              f"CTensor of {self._array.size} elements")
         if values.size == self._array.size:
-            self._array = _device_of(self._array).put(
+            self._array = device_of(self._array).put(
                 values.astype(self._array.dtype).reshape(self._array.shape))
         else:
             self._array = _write_flat(self._array, jnp.asarray(values), offset)

@@ -17,14 +17,14 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 
 from .modes import traced_keys
 
 __all__ = [
-    "Device", "get_default_device", "set_default_device", "create_cpu_device", "create_cpu_devices",
+    "Device", "device_of", "get_default_device", "set_default_device", "create_cpu_device", "create_cpu_devices",
     "create_cuda_gpu", "create_cuda_gpus", "create_cuda_gpu_on", "create_cuda_gpus_on",
     "create_tpu_device", "create_tpu_devices", "create_device", "get_num_gpus", "get_gpu_ids",
     "get_gpu_mem_size", "device_query", "enable_lazy_alloc", "get_num_opencl_platforms",
@@ -194,6 +194,18 @@ def _wrap(jd: jax.Device) -> Device:
                 dev = _devices[jd] = Device(jd)
                 _all[0] = tuple(_devices.values())
     return dev
+
+
+def device_of(array: Any) -> Device:
+    """The Device ``array`` lives on: its one jax device's, or the default device for a traced,
+    host or multi-device array."""
+    if isinstance(array, jax.core.Tracer):
+        return get_default_device()
+    try:
+        devs = array.devices()
+    except AttributeError:
+        return get_default_device()
+    return _wrap(next(iter(devs))) if len(devs) == 1 else get_default_device()
 
 
 def all_devices() -> Tuple[Device, ...]:

@@ -37,11 +37,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import jax
 import numpy as np
 
-from . import autograd, checkpoint, modes, opt
+from . import autograd, checkpoint, checks, modes, opt
 from . import device as device_mod
 from .graph import GraphRunner, tensors_in
 from .layer.base import Layer, LayerMeta, concrete_initialization
 from .opt.dist import spmd_of
+from .transaction import StepTransaction
 from .tensor import Tensor, from_numpy
 
 __all__ = ["ModelMeta", "Model"]
@@ -64,13 +65,14 @@ class ModelMeta(LayerMeta):
     def buffer_operation(func):
         @wraps(func)
         def wrapper(self, *args, **kwargs):
-            if self.graph_mode and self.training and not self._graph_runner.active:
-                if not _leads_with_tensor(args):
-                    raise ValueError(f"{type(self).__name__}.train_one_batch: graph mode expects "
-                                     f"a Tensor (or a list of Tensors) as first argument, got "
-                                     f"{type(args[0]).__name__ if args else 'no arguments'}")
-                return self._run_graph(MethodType(func, self), "train_one_batch", args, kwargs)
-            return func(self, *args, **kwargs)
+            if self._graph_runner.active:  # inside a trace (this model's or another's): inline
+                return func(self, *args, **kwargs)
+            graph = self.graph_mode and self.training
+            if graph and not _leads_with_tensor(args):
+                raise ValueError(f"{type(self).__name__}.train_one_batch: graph mode expects "
+                                 f"a Tensor (or a list of Tensors) as first argument, got "
+                                 f"{type(args[0]).__name__ if args else 'no arguments'}")
+            return self._step(MethodType(func, self), "train_one_batch", args, kwargs, graph)
 
         wrapper.__wrapped_step__ = func
         return wrapper
@@ -169,10 +171,39 @@ class Model(Layer, metaclass=ModelMeta):
     def __call__(self, *input, **kwargs):
         if self.training:
             return self.train_one_batch(*input, **kwargs)
-        if self.graph_mode and not self._graph_runner.active and \
-                _leads_with_tensor(input):
-            return self._run_graph(self.forward, "forward", input, kwargs)
-        return self.forward(*input, **kwargs)
+        if self._graph_runner.active:
+            return self.forward(*input, **kwargs)
+        return self._step(self.forward, "forward", input, kwargs,
+                          self.graph_mode and _leads_with_tensor(input))
+
+    def _step(self, fn: Callable, name: str, args: tuple, kwargs: dict, graph: bool) -> Any:
+        """One call of ``train_one_batch`` or ``forward``: in this model's own training mode
+        (whatever other threads set), compiled when ``graph``, and as a transaction -- if it
+        raises, every parameter, buffer, optimizer state and device key is what it was before
+        (see :mod:`singa_jax.transaction`)."""
+        declared, _ = self._declared_state()
+        optimizers = self._optimizers() if self.training else []
+        undo = StepTransaction(declared, _with_wrapped(optimizers), self._uninitialised_layers(),
+                               arrays=not graph)
+        with modes.training_mode(self.training), undo:
+            if not graph:
+                return fn(*args, **kwargs)
+            result, failed = self._run_graph(_checked(fn), name, args, kwargs)
+        for optimizer in optimizers:  # a compiled step runs no optimizer code: report here
+            optimizer._report_skipped_steps()
+        checks.raise_first_failure(failed)  # the step applied nothing (see _checked)
+        return result
+
+    def _uninitialised_layers(self) -> List[Layer]:
+        """Layers of this model not yet initialised (a first call initialises them). Once all
+        are, nothing is walked again until the model's structure changes."""
+        if self.__dict__.get("_initialised_at") == self._structure_version:
+            return []
+        pending = [layer for layer in _layer_tree(self)
+                   if not layer.__dict__.get("_initialized", False)]
+        if not pending:
+            self.__dict__["_initialised_at"] = self._structure_version
+        return pending
 
     # --- graph mode ------------------------------------------------------------------------------
     def _optimizers(self) -> List[Any]:
@@ -185,6 +216,11 @@ class Model(Layer, metaclass=ModelMeta):
         that overrides ``get_params``/``get_states`` is asked through its override). Walked
         only when the structure changed (see :meth:`_declared_state`), so the name dict costs
         nothing per step."""
+        if not self.__dict__.get("_initialized", False):
+            # before the model's first forward, a get_states override may read attributes its
+            # initialize() creates (SINGA's char_rnn example adds its LSTM states) -- SINGA
+            # never asks then; the generic walk sees every layer initialised so far
+            return list(Layer.get_states(self).values())
         return list(self.get_states().values())
 
     def _declared_state(self) -> Tuple[Tuple[Tensor, ...], Tuple]:
@@ -300,6 +336,58 @@ def _initialize(model: "Model", inputs: Sequence[Tensor]) -> None:
     model.forward(*inputs)
 
 
+def _checked(fn: Callable) -> Callable:
+    """``fn`` for graph mode, returning ``(result, checks)``: the value checks its ops make while
+    traced (class labels, embedding indices; see :mod:`singa_jax.checks`) become outputs of the
+    program, and every state tensor and device key the step rewrites keeps its old value unless
+    all of them pass -- so a failing step applies nothing, and raises once it has run."""
+    def step(*args: Any, **kwargs: Any) -> Tuple[Any, Any]:
+        devices = device_mod.all_devices()
+        with checks.collecting() as found:
+            before = [(d, d.key) for d in devices]
+            watched = _StateWatch()
+            with modes.trace_hook(watched.chain(modes.current_trace_hook())):
+                result = fn(*args, **kwargs)
+        if not found:
+            return result, ()
+        ok = checks.all_passed(found)
+        for t, old in watched.first_values.items():
+            t.array = jax.numpy.where(ok, t.array, old)
+        for d, old in before:
+            d.key = jax.numpy.where(ok, d.key, old)
+        return result, checks.outputs(found)
+    return step
+
+
+class _StateWatch(modes.TraceHook):
+    """Inside a traced step: the value each Tensor the step rewrites had before its first
+    write (Tensors the step creates excluded); every event also goes on to the outer hook."""
+
+    def chain(self, outer: Optional[modes.TraceHook]) -> "_StateWatch":
+        self.outer = outer or modes.TraceHook()
+        self.first_values: Dict[Tensor, Any] = {}
+        self.created_ids: set = set()
+        return self
+
+    def read(self, t: Tensor) -> None:
+        self.outer.read(t)
+
+    def write(self, t: Tensor) -> None:
+        if t not in self.first_values and id(t) not in self.created_ids:
+            self.first_values[t] = t._data  # called before the new value is bound
+        self.outer.write(t)
+
+    def created(self, t: Tensor) -> None:
+        self.created_ids.add(id(t))
+        self.outer.created(t)
+
+
+def _with_wrapped(optimizers: List[Any]) -> List[Any]:
+    """The optimizers and, for a DistOpt, the optimizer it wraps (which holds the slots)."""
+    return optimizers + [o.opt for o in optimizers if isinstance(getattr(o, "opt", None),
+                                                                 opt.Optimizer)]
+
+
 def _layer_tree(root: Layer) -> List[Layer]:
     """``root`` and every layer registered below it."""
     found, stack, seen = [], [root], set()
@@ -312,7 +400,7 @@ def _layer_tree(root: Layer) -> List[Layer]:
     return found
 
 
-# --- the model as a pure function ------------------------------------------------------------------
+# --- the model as a pure function ------------------------------------------------------------
 def _functional(model: Layer) -> Tuple[Callable[..., Tuple[Any, Dict[str, Any]]],
                                        Dict[str, jax.Array], Dict[str, jax.Array]]:
     """:meth:`Model.functional` for any initialised Layer."""

@@ -39,8 +39,13 @@ def run_example(script, argv):
 def forget_example_modules():
     """Drop the modules imported from examples/ (their short names clash between examples)."""
     for name, module in list(sys.modules.items()):
-        locations = [getattr(module, '__file__', None)] + list(getattr(module, '__path__', []))
-        if any(loc and os.path.abspath(loc).startswith(EXAMPLES) for loc in locations):
+        locations = [getattr(module, '__file__', None)]
+        try:
+            locations += list(getattr(module, '__path__', []))
+        except TypeError:  # some packages (torch's) have a __path__ that is no list of paths
+            pass
+        if any(isinstance(loc, str) and os.path.abspath(loc).startswith(EXAMPLES)
+               for loc in locations):
             del sys.modules[name]
 
 

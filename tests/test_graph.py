@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from singa_jax import autograd, device, tensor
+from singa_jax import graph as graph_mod
 from singa_jax.autograd import make_function
 from singa_jax.graph import GraphModeError, GraphRunner, tensors_in
 from singa_jax.tensor import Tensor
@@ -331,13 +332,30 @@ def test_old_buffers_are_donated_and_aliases_handled():
     tied = Tensor(data=net.w1.array, stores_grad=True)  # the same buffer as w1, not trained
     declared = list(net.get_states().values()) + [tied] + tensors_in(opt)
     x, y = batch(0)
-    for _ in range(3):
-        old_b1 = net.b1.array
-        runner.run(lambda a, b: train_one_batch(net, opt, a, b), "t", (x, y), {}, declared, True)
+    donated = []
+    real_copy_shared = graph_mod._copy_shared
+
+    def spy(arrays):  # what the step is about to donate, after copying shared arrays
+        real_copy_shared(arrays)
+        donated.extend(arrays)
+
+    graph_mod._copy_shared = spy
+    try:
+        for _ in range(3):
+            runner.run(lambda a, b: train_one_batch(net, opt, a, b), "t", (x, y), {}, declared,
+                       True)
+            held_b1 = net.b1.array  # the user holds a state array across the next step
+            b1_values = np.asarray(held_b1)
+    finally:
+        graph_mod._copy_shared = real_copy_shared
     assert runner.trace_count == 2  # the first program meets the momentum slots
     np.testing.assert_array_equal(np.asarray(tied.array), w1_start)  # copied, not donated
     assert not np.allclose(np.asarray(net.w1.array), w1_start)
-    assert old_b1.is_deleted()  # the old buffer was donated to the program
+    assert donated and all(a.is_deleted() for a in donated)  # the buffers went to the program
+    # an array someone else holds is copied before donation: theirs stays valid, unchanged
+    runner.run(lambda a, b: train_one_batch(net, opt, a, b), "t", (x, y), {}, declared, True)
+    assert not held_b1.is_deleted()
+    np.testing.assert_array_equal(np.asarray(held_b1), b1_values)
 
 
 def test_state_rebound_to_a_new_shape_retraces():

@@ -46,6 +46,14 @@ def test_numpy_and_dlpack_both_ways():
         tensor.from_dlpack([1.0, 2.0])
 
 
+def test_dlpack_with_pytorch():
+    torch = pytest.importorskip("torch")
+    t = Tensor(data=np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(torch.from_dlpack(t).numpy(), np.asarray(t))
+    back = tensor.from_dlpack(torch.arange(4.0))
+    np.testing.assert_array_equal(np.asarray(back), [0.0, 1.0, 2.0, 3.0])
+
+
 # --- models as pure functions -------------------------------------------------------------------
 class Block(layer.Layer):
     def __init__(self):

@@ -499,15 +499,21 @@ def test_set_value(rng):
     close(t, np.full((2, 3), 0.25))
 
 
-def test_clone_copy_deepcopy_are_independent_handles(rng):
+def test_clone_deepcopy_are_independent_handles_copy_shares(rng):
     a = sample(rng, (2, 3))
     t = T(a)
-    for dup in (t.clone(), t.copy(), t.deepcopy(), tensor.contiguous(t), t.contiguous(),
+    for dup in (t.clone(), t.deepcopy(), tensor.contiguous(t), t.contiguous(),
                 copy.copy(t), copy.deepcopy(t)):
         assert dup is not t and dup.shape == t.shape and dup.dtype == t.dtype
         dup += 1
         close(dup, a + 1)
         close(t, a)
+    shallow = t.copy()  # SINGA's shallow copy shares the storage, both ways
+    shallow += 1
+    close(t, a + 1)
+    t *= 2
+    close(shallow, 2 * (a + 1))
+    assert shallow.copy().array is t.array
 
 
 @pytest.mark.parametrize("requires_grad, stores_grad", [(False, False), (True, True)])

@@ -220,6 +220,9 @@ def test_autograd_grad_outputs_and_several_outputs(rng):
     assert autograd.grad(autograd.reduce_sum(z * 2.0), [z, unused], allow_unused=True)[1] is None
     with pytest.raises(RuntimeError, match="not used"):
         autograd.grad(autograd.reduce_sum(z * 2.0), [unused])
+    plain = Tensor(data=np.ones(2, np.float32))  # SINGA's default flags: a plain leaf
+    with pytest.raises(RuntimeError, match="requires_grad_"):
+        autograd.grad(autograd.reduce_sum(x * 1.0), [plain])
     with pytest.raises(ValueError, match="2 grad_outputs for 1 outputs"):
         autograd.grad([x * 1.0], [x], grad_outputs=[None, None])
 

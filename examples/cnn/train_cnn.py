@@ -110,6 +110,12 @@ def evaluate(net, val_x, val_y, tx, batch_size, precision, max_batches=None):
     return correct / max(seen, 1)
 
 
+def _share(a: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Rank ``rank``'s contiguous 1/world_size of ``a`` (the remainder is dropped)."""
+    size = len(a) // world_size
+    return a[rank * size:(rank + 1) * size]
+
+
 def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data, sgd, graph,
         verbosity, dist_option='plain', spars=None, precision='float32', data_dir=None,
         checkpoint=None, resume=False, quick=False):
@@ -120,6 +126,11 @@ def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data,
     rng = np.random.RandomState(0)
 
     train_x, train_y, val_x, val_y = importlib.import_module('data.' + data).load(data_dir)
+    if world_size > 1:  # each rank trains and tests on its own share, as SINGA's run() does
+        train_x, train_y = _share(train_x, global_rank, world_size), _share(train_y, global_rank,
+                                                                             world_size)
+        val_x, val_y = _share(val_x, global_rank, world_size), _share(val_y, global_rank,
+                                                                     world_size)
     if data_dir is None and global_rank == 0:
         print(f"No --data-dir: training on scikit-learn's digits shaped like {data} "
               f"({len(train_y)} train / {len(val_y)} test images).")

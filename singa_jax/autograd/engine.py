@@ -74,8 +74,9 @@ class Operator(Node):
             if x.requires_grad:
                 requires_grad = True
                 tracked = tracked or x.tracked
-        self.requires_grad = requires_grad = requires_grad and is_grad_enabled()
-        self.tracked = tracked = tracked and requires_grad
+        self.requires_grad = requires_grad and is_grad_enabled()
+        # read back: a NonDifferentiable op pins requires_grad to False (and is never tracked)
+        self.tracked = tracked = tracked and self.requires_grad
         self.src = [(x.creator, id(x), x if x.stores_grad else None, x.stores_grad) for x in xs]
         # which inputs' gradients anyone can use: one that requires grad and is kept
         # (stores_grad), tracked (PyTorch-style) or made by an op; a plain leaf such as the

@@ -179,6 +179,11 @@ def grad(outputs: TensorOrTensors, inputs: TensorOrTensors,
             raise TypeError(f"grad: input {i} must be a Tensor, got {type(x).__name__}")
         if not x.requires_grad:
             raise RuntimeError(f"grad: input {i} ({x.name}) does not require grad")
+        if isinstance(x.creator, Dummy) and not (x.stores_grad or x.tracked):
+            # operators compute no gradient for such a leaf (a SINGA input batch)
+            raise RuntimeError(f"grad: input {i} ({x.name}) is a leaf that does not store its "
+                               f"gradient; make it with requires_grad_() or "
+                               f"tensor.tensor(..., requires_grad=True) before using it")
     roots = [_root("grad", y, gy) for y, gy in zip(outs, gos)]
     wanted: Dict[Tuple[Node, int], Tensor] = {(x.creator, id(x)): x for x in ins}
     found: Dict[int, jax.Array] = {}

@@ -30,11 +30,20 @@ _LSTM_GATES = ("i", "f", "o", "g")  # layer.LSTM's parameter order (SINGA's)
 _CUDNN_LSTM_GATES = ("i", "f", "g", "o")  # the order of cuDNN's cell (and its packed weights)
 
 
+def _broadcast_batch(xs: jax.Array, hidden: int, *states: jax.Array):
+    """``xs: (T, batch, in)`` and the initial states broadcast to one batch, as SINGA's step
+    ops broadcast ``x_t`` against the state: a state may be ``(1, hidden)`` or ``(hidden,)``,
+    and inputs of batch 1 may run against a state of batch B (char_rnn samples that way)."""
+    batch = max([xs.shape[1]] + [s.shape[0] for s in states if s.ndim == 2])
+    xs = jnp.broadcast_to(xs, (xs.shape[0], batch, xs.shape[2]))
+    return xs, tuple(jnp.broadcast_to(s, (batch, hidden)) for s in states)
+
+
 def _rnn_sequence(*arrays, n_steps: int, nonlinearity: str):
     """``h_t = act(x_t Wx + h_{t-1} Wh + b)``; inputs ``x_1..x_T, h0, Wx, Wh, b``; returns
     ``(h_1, ..., h_T)``. cuDNN's cell with ``W = Wx^T``, ``R = Wh^T``, ``b_W = b``, ``b_R = 0``."""
     xs, (h0, wx, wh, b) = jnp.stack(arrays[:n_steps]), arrays[n_steps:]
-    h0 = jnp.broadcast_to(h0, (xs.shape[1], wh.shape[0]))  # SINGA broadcasts the initial state
+    xs, (h0,) = _broadcast_batch(xs, wh.shape[0], h0)
     hs, _, _ = _rnn_direction(_CUDNN_MODES[nonlinearity], xs, None, h0, jnp.zeros_like(h0),
                               wx.T, wh.T, b, jnp.zeros_like(b))
     return tuple(hs[t] for t in range(n_steps))
@@ -50,8 +59,7 @@ def _lstm_sequence(*arrays, n_steps: int):
     which is cuDNN's LSTM cell once the gates are stacked in its order (i, f, g, o).
     """
     xs, (h0, c0), w = jnp.stack(arrays[:n_steps]), arrays[n_steps:n_steps + 2], arrays[n_steps + 2:]
-    state_shape = (xs.shape[1], w[4].shape[0])  # (batch, hidden): SINGA broadcasts h0 and c0
-    h0, c0 = jnp.broadcast_to(h0, state_shape), jnp.broadcast_to(c0, state_shape)
+    xs, (h0, c0) = _broadcast_batch(xs, w[4].shape[0], h0, c0)
     per_kind = {kind: dict(zip(_LSTM_GATES, w[4 * k:4 * k + 4]))
                 for k, kind in enumerate(("Wx", "Wh", "Bx", "Bh"))}
 
@@ -103,7 +111,11 @@ class RNN_Base(Layer):
         for x in xs:
             if x.ndim() != 2 or x.shape != (batch, self.input_size):
                 raise self._input_error("shape (batch, input_size)", (batch, self.input_size), x)
-        for s in states:  # SINGA's ops broadcast the initial state, e.g. (batch, 1) or (hidden,)
+        # SINGA's ops broadcast x_t against the initial state: a state may be (1, hidden) or
+        # (hidden,), and inputs of batch 1 may run against a state of batch B
+        if batch == 1:
+            batch = max([1] + [s.shape[0] for s in states if s.ndim() == 2])
+        for s in states:
             if not _broadcasts_to(s.shape, (batch, self.hidden_size)):
                 raise ValueError(f"{self._describe()}: initial state must have shape "
                                  f"(batch, hidden_size) = {(batch, self.hidden_size)} or one "

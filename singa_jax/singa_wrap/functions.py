@@ -17,8 +17,9 @@ import jax.scipy.special as jsp
 import numpy as np
 from jax import lax
 
-from ..ctensor import CTensor, _compare, _describe, _device_of, _shape_arg, as_array, out_tensor, \
+from ..ctensor import CTensor, _binary, _compare, _describe, _shape_arg, as_array, out_tensor, \
     store
+from ..device import device_of
 
 __all__ = [
     # elementwise unary
@@ -50,15 +51,6 @@ CTensorLike = Any  # a CTensor or a jax.Array
 
 def _unary(op: str, fn, t: CTensorLike) -> CTensor:
     return CTensor.from_array(fn(as_array(t, op)))
-
-
-def _binary(op: str, fn, lhs: CTensorLike, rhs: Any) -> CTensor:
-    a, b = as_array(lhs, op), as_array(rhs, op)
-    try:
-        return CTensor.from_array(fn(a, b))
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{op}: cannot combine {_describe(lhs)} with {_describe(rhs)}: "
-                         f"{e}") from None
 
 
 def _maybe_store(op: str, result: CTensor, ret: Any) -> CTensor:
@@ -526,7 +518,7 @@ def CopyDataToFrom(dst: CTensor, src: CTensorLike, num: int, dst_offset: int = 0
         raise ValueError(f"CopyDataToFrom: {num} elements from offset {src_offset} of "
                          f"{_describe(src)} to offset {dst_offset} of {_describe(dst)} are out "
                          f"of range")
-    s = _device_of(out._array).put(s) if not isinstance(s, jax.core.Tracer) else s
+    s = device_of(out._array).put(s) if not isinstance(s, jax.core.Tracer) else s
     out._array = _copy_flat(out._array, s, num, dst_offset, src_offset)
 
 

@@ -9,10 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import device as _device_mod
 from ..ctensor import CTensor
 from ..dtypes import float32, to_dtype
-from ..device import Device, get_default_device
+from ..device import Device, device_of, get_default_device
 from .handle import (ShapeLike, Tensor, _as_shape, _binary, _broadcast, _check_tensor, _filled,
                      _line, _result, _same_device, _shape_errors, _to_scalar)
 
@@ -20,7 +19,7 @@ from .handle import (ShapeLike, Tensor, _as_shape, _binary, _broadcast, _check_t
 def from_raw_tensor(t: Any) -> Tensor:
     """A Tensor over the CTensor or array ``t`` (SINGA wraps a CTensor)."""
     arr = t._array if isinstance(t, CTensor) else t
-    return Tensor(data=arr, device=_device_of(arr))
+    return Tensor(data=arr, device=device_of(arr))
 
 
 def from_raw_tensors(tt) -> List[Tensor]:
@@ -31,18 +30,6 @@ def _call_singa_func(_singa_func: Callable, *args: Any) -> Tensor:
     """``_singa_func(*args)`` (a ``singa_wrap`` function returning a CTensor) as a Tensor: SINGA's
     private helper, which its own tests call."""
     return from_raw_tensor(_singa_func(*args))
-
-
-def _device_of(arr) -> Device:
-    if isinstance(arr, jax.core.Tracer):
-        return get_default_device()
-    try:
-        devs = arr.devices()
-    except AttributeError:
-        return get_default_device()
-    if len(devs) == 1:
-        return _device_mod._wrap(next(iter(devs)))
-    return get_default_device()
 
 
 def from_numpy(np_array: np.ndarray, dev: Optional[Device] = None) -> Tensor:
@@ -90,7 +77,7 @@ def from_jax(array: jax.Array) -> Tensor:
     way back."""
     if not isinstance(array, (jax.Array, jax.core.Tracer)):
         raise TypeError(f"from_jax: expected a jax.Array, got {type(array).__name__}")
-    return Tensor(data=array, device=_device_of(array), dtype=array.dtype)
+    return Tensor(data=array, device=device_of(array), dtype=array.dtype)
 
 
 def from_dlpack(x: Any) -> Tensor:
