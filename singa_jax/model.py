@@ -188,9 +188,11 @@ class Model(Layer, metaclass=ModelMeta):
         with modes.training_mode(self.training), undo:
             if not graph:
                 return fn(*args, **kwargs)
+            for optimizer in optimizers:  # report the last step's skips; hold no state array
+                optimizer._warn_skipped_steps(release=True)
             result, failed = self._run_graph(_checked(fn), name, args, kwargs)
-        for optimizer in optimizers:  # a compiled step runs no optimizer code: report here
-            optimizer._report_skipped_steps()
+        for optimizer in optimizers:  # a compiled step runs no optimizer code: watch here
+            optimizer._watch_skipped_steps()
         checks.raise_first_failure(failed)  # the step applied nothing (see _checked)
         return result
 

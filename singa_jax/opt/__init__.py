@@ -46,4 +46,6 @@ from .optax import OptaxOptimizer, from_optax  # noqa: F401 (optax-backed optimi
 from .optimizers import UpdateRule, _fused_update  # noqa: F401
 
 __all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp",
-           "AdaGrad", "Adam", "DistOpt"]
+           "AdaGrad", "Adam", "DistOpt",
+           # not in SINGA: an Optimizer backed by an optax GradientTransformation
+           "OptaxOptimizer", "from_optax"]

@@ -589,14 +589,18 @@ class Optimizer:
         self._warn_skipped_steps()
         self._watch_skipped_steps()
 
-    def _warn_skipped_steps(self) -> None:
+    def _warn_skipped_steps(self, release: bool = False) -> None:
         """The reading half of :meth:`_report_skipped_steps`: warn if the kept array is ready
-        and counts new skips, then drop it."""
+        and counts new skips, then drop it. With ``release`` (graph mode, before its next step)
+        an array not ready yet is dropped unread: the step would donate its buffer, and holding
+        it would make graph mode copy it every step; the cumulative count is read next time."""
         if current_trace_hook() is not None:
             return
         watched = self.__dict__.get("_skip_watch")
         if watched is not None:
             if not watched.is_ready():
+                if release:
+                    self.__dict__["_skip_watch"] = None
                 return
             fields = dict(zip(_SKIP_FIELDS, np.asarray(watched).tolist()))
             count = int(fields["skipped"])
