@@ -49,7 +49,7 @@ class Device:
 
     def __init__(self, jax_device: jax.Device, seed: Optional[int] = None):
         self.jax_device = jax_device
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by graph mode's run (graph._key_locks)
         # Default seed: the device's index on its host. Distinct devices of a process draw
         # distinct streams, and every process of a data-parallel run (which all build the same
         # model) draws the same initial parameters, as SINGA's ranks do after SetRandSeed(0).

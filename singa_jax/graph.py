@@ -47,6 +47,7 @@ What is not allowed
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 import sys
 import time
@@ -55,7 +56,7 @@ import warnings
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Sequence, Tuple
 
 import jax
 import jax.extend.core as jex_core
@@ -562,6 +563,15 @@ class GraphRunner:
 
     # -- running -----------------------------------------------------------------------------
     def _execute(self, prog: _Program, batch: list) -> Any:
+        if not (prog.donated_devices or prog.read_devices):
+            return self._execute_program(prog, batch)
+        # Device keys are shared by every model: another thread's step (or eager next_key) must
+        # not read a key this step is about to donate, so read-run-write holds the devices'
+        # locks. The run is only dispatched (asynchronous), so the locks are held briefly.
+        with _key_locks(prog.donated_devices + prog.read_devices):
+            return self._execute_program(prog, batch)
+
+    def _execute_program(self, prog: _Program, batch: list) -> Any:
         # no trace hook is installed here (see run), so the arrays are read directly
         donated = list(map(_array_of, prog.donated))
         if prog.donated_devices:
@@ -766,6 +776,15 @@ def _unalias(donated: list, others: list, buffer_id: Callable) -> bool:
             donated[i] = a = a.copy()
         seen.add(buffer_id(a))
     return True
+
+
+@contextlib.contextmanager
+def _key_locks(devices: Sequence[device_mod.Device]) -> Iterator[None]:
+    """Hold the locks of ``devices`` (each once, in one global order: no deadlock)."""
+    with contextlib.ExitStack() as stack:
+        for d in sorted(set(devices), key=id):
+            stack.enter_context(d._lock)
+        yield
 
 
 def _copy_shared(donated: list) -> None:

@@ -356,7 +356,8 @@ def _checked(fn: Callable) -> Callable:
         for t, old in watched.first_values.items():
             t.array = jax.numpy.where(ok, t.array, old)
         for d, old in before:
-            d.key = jax.numpy.where(ok, d.key, old)
+            if d.key is not old:  # only keys the step drew from (a gated key is state to it)
+                d.key = jax.numpy.where(ok, d.key, old)
         return result, checks.outputs(found)
     return step
 

@@ -201,3 +201,26 @@ def test_one_thread_trains_while_another_evaluates():
     assert losses[-1].reshape(-1)[0] < losses[0].reshape(-1)[0]
     for out in outputs:  # eval mode all along: BN uses running stats, nothing drifts
         np.testing.assert_array_equal(out, expected)
+
+
+def test_two_threads_drawing_from_the_shared_device_key_do_not_crash():
+    """With dropout both compiled steps read and donate the device's key: the runs take turns
+    on it (graph._key_locks), so neither passes a donated key, and no key is used twice."""
+    models = [make(True, dropout=0.3, seed=s) for s in (1, 2)]
+    errors, losses = [], [[], []]
+
+    def run(i):
+        try:
+            for s in range(40):
+                x, y = batch(8, seed=s)
+                losses[i].append(float(np.asarray(models[i](x, y)[1].array).reshape(-1)[0]))
+        except BaseException as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert all(len(ls) == 40 and np.all(np.isfinite(ls)) for ls in losses)
