@@ -64,10 +64,11 @@ import numpy as np
 
 from . import device as device_mod
 from .autograd.engine import Dummy
+from .xla_options import compile_options, platform_of
 from .modes import TraceHook, current_trace_hook, trace_hook
 from .tensor import Tensor
 
-__all__ = ["GraphRunner", "GraphModeError", "tensors_in", "compile_options"]
+__all__ = ["GraphRunner", "GraphModeError", "tensors_in"]
 
 # Errors JAX raises when Python code asks for the concrete value of a traced array.
 _CONCRETE_VALUE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
@@ -80,55 +81,6 @@ _PROGRAMS_PER_CALL = 4
 
 # After this many consecutive one-off programs of a method, warn that every call compiles.
 _ONE_OFFS_BEFORE_WARNING = 5
-
-# A program that will run only once (its trace met new state, so the next call retraces) is
-# compiled without the backend's expensive optimisations: compiling is then most of its cost.
-_ONE_OFF_OPTIONS = {"xla_backend_optimization_level": 0,
-                    "xla_llvm_disable_expensive_passes": True}
-
-
-# XLA:CPU turns convolutions into YNNPACK fusions that are 2-3x slower than its Eigen
-# convolutions on the CPUs measured (LeNet's conv2 forward 4.2 vs 1.7 ms, its weight gradient 5.7
-# vs 1.8 ms; see docs/performance.md). An empty fusion type turns them off. CPU only; a jaxlib
-# that does not know the option gets none (_compile_with_options).
-_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-
-# Options a backend rejected ("No such compile option"), so they are not tried again.
-_REJECTED_OPTIONS: set = set()
-
-
-def compile_options(platform: str, one_off: bool = False) -> Dict[str, Any]:
-    """The XLA options graph mode compiles a step with on ``platform`` ('cpu', 'gpu', 'tpu'):
-    the CPU options above (never on another backend), plus cheap-compile options for a
-    program that runs once. Options a backend has rejected before are left out."""
-    options = dict(_CPU_OPTIONS) if platform == "cpu" else {}
-    if one_off:
-        options.update(_ONE_OFF_OPTIONS)
-    return {k: v for k, v in options.items() if (platform, k) not in _REJECTED_OPTIONS}
-
-
-def _compile_with_options(compile_fn: Callable[[Optional[Dict[str, Any]]], Any], platform: str,
-                          one_off: bool) -> Any:
-    """``compile_fn(options)``; an option the installed jaxlib does not know (an experimental
-    flag renamed or removed) is dropped, remembered and the compile retried without it."""
-    while True:
-        options = compile_options(platform, one_off)
-        try:
-            return compile_fn(options or None)
-        except jax.errors.JaxRuntimeError as e:
-            rejected = [k for k in options if k in str(e)]
-            if "compile option" not in str(e) or not rejected:
-                raise
-            _REJECTED_OPTIONS.update((platform, k) for k in rejected)
-
-
-def _platform_of(arrays: Sequence[Any]) -> str:
-    """The platform the step's arrays live on (the default backend's for a step without any)."""
-    for a in arrays:
-        if isinstance(a, jax.Array) and not _is_tracer(a):
-            return next(iter(a.devices())).platform
-    return jax.default_backend()
-
 
 class GraphModeError(TypeError):
     """The step cannot be compiled as one program (it branches on a tensor's value)."""
@@ -538,20 +490,19 @@ class GraphRunner:
 
     def _compile(self, layout: "_Layout", spmd: Any, holders: list, batch_arrays: list,
                  one_off: bool) -> Any:
-        """Compile the trimmed program with this backend's options (see _compile_options)."""
+        """Compile the trimmed program with this backend's options (:mod:`.xla_options`)."""
         self.compile_count += 1
         donated_arrays = [holders[i] for i in layout.donated]
         read_arrays = [holders[i] for i in layout.read]
-        platform = _platform_of(holders + batch_arrays)
+        platform = platform_of(holders + batch_arrays)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
             if spmd is None:
                 lowered = jax.jit(layout.program, donate_argnums=0).lower(
                     donated_arrays, read_arrays, batch_arrays)
-                return _compile_with_options(lowered.compile, platform, one_off)
-            return _compile_with_options(
-                lambda options: spmd.compile(layout.program, donated_arrays, read_arrays,
-                                             batch_arrays, options), platform, one_off)
+                return lowered.compile(compile_options(platform, one_off) or None)
+            return spmd.compile(layout.program, donated_arrays, read_arrays, batch_arrays,
+                                compile_options(platform, one_off) or None)
 
     @staticmethod
     def _undo_trace(state, originals, devices, original_keys, recorder: _Recorder) -> None:
