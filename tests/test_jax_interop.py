@@ -170,7 +170,12 @@ def test_apply_under_a_sharded_jit(rng):
     mesh = jax.make_mesh((len(jax.devices()),), ("batch",))
     batch = jnp.asarray(rng.normal(size=(4 * len(jax.devices()), 5)).astype(np.float32))
     sharded = jax.device_put(batch, NamedSharding(mesh, PartitionSpec("batch")))
-    out = jax.jit(lambda p, s, b: apply(p, s, b)[0])(params, state, sharded)
+    # data parallel, as a JAX user writes it: the batch split over the mesh, the model's
+    # params and state replicated on it
+    replicated = NamedSharding(mesh, PartitionSpec())
+    on_mesh = jax.device_put((params, state), replicated)
+    out = jax.jit(lambda p, s, b: apply(p, s, b)[0])(*on_mesh, sharded)
+    assert out.sharding.is_equivalent_to(sharded.sharding, out.ndim)
     np.testing.assert_allclose(np.asarray(out), np.asarray(apply(params, state, batch)[0]),
                                rtol=1e-5, atol=1e-6)
 
