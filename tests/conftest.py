@@ -17,3 +17,12 @@ def training_mode():
     autograd.training = True
     yield
     autograd.training = saved
+
+
+@pytest.fixture(autouse=True)
+def _modes_reset_after_each_test():
+    """SINGA's ``autograd.training`` default is process-wide (``Model.train()`` sets it, as in
+    SINGA); reset it after every test so that no test depends on the ones before it."""
+    yield
+    from singa_jax import modes
+    modes.set_training(False)

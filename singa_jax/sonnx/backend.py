@@ -27,7 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
-from .. import autograd, device as device_module, tensor
+from .. import autograd, device as device_module, modes, tensor
 from ..layer.base import Layer
 from . import nn_ops  # noqa: F401 (registers the nn family in OPS)
 from .ops import OPS, NodeCall, OpSpec, UnsupportedOnnx, jax_dtype
@@ -512,6 +512,12 @@ class SingaRep(BackendRep):
         node (negative counts from the end) and returns its outputs; ``aux_output`` adds the
         values of other names."""
         as_numpy = not any(isinstance(v, tensor.Tensor) for v in x)
+        if as_numpy:  # arrays in: inference (the ONNX backend API), whatever autograd.training
+            with modes.training_mode(False):
+                return self._run(x, as_numpy, **kwargs)
+        return self._run(x, as_numpy, **kwargs)
+
+    def _run(self, x: Sequence[Any], as_numpy: bool, **kwargs: Any) -> List[Any]:
         feeds = self.to_input_tensor(list(x))
         wanted = self._wanted(kwargs.get("last_layers"), kwargs.get("aux_output", ()))
         host = HostValues({n: _host_value(self._what(), n, feeds[n]) for n in
