@@ -136,6 +136,26 @@ def test_bad_labels_fail_the_step_with_nothing_applied(graph):
     assert not np.array_equal(before["m/l2.W"], tensor.to_numpy(m.l2.W))
 
 
+def in_threads(*jobs):
+    """Run each job in its own thread at once; their results, or the first error raised."""
+    results, errors = [None] * len(jobs), []
+
+    def run(i):
+        try:
+            results[i] = jobs[i]()
+        except BaseException as e:  # noqa: BLE001 -- re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 def train(m, steps, seed):
     data = [batch(8, seed=seed * 10 + i) for i in range(4)]
     losses = []
@@ -157,21 +177,7 @@ def test_two_threads_train_their_own_models_as_one_thread_would(modes):
     for graph, seed in zip(modes, (1, 2)):
         alone.append(train(make(graph, dropout=0.0, seed=seed), steps, seed))
     models = [make(graph, dropout=0.0, seed=seed) for graph, seed in zip(modes, (1, 2))]
-    results = [None, None]
-    errors = []
-
-    def run(i):
-        try:
-            results[i] = train(models[i], steps, i + 1)
-        except BaseException as e:  # noqa: BLE001 -- reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    results = in_threads(lambda: train(models[0], steps, 1), lambda: train(models[1], steps, 2))
     for (losses_a, params_a), (losses_t, params_t) in zip(alone, results):
         for a, b in zip(losses_a, losses_t):
             np.testing.assert_array_equal(a, b)
@@ -184,20 +190,9 @@ def test_one_thread_trains_while_another_evaluates():
     evaluator.eval()
     x, _ = batch(8)
     expected = tensor.to_numpy(evaluator(x))
-    outputs, errors = [], []
-
-    def evaluate():
-        try:
-            for _ in range(40):
-                outputs.append(tensor.to_numpy(evaluator(x)))
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    t = threading.Thread(target=evaluate)
-    t.start()
-    losses, _ = train(trainer, 60, 3)
-    t.join()
-    assert not errors, errors
+    outputs, (losses, _) = in_threads(
+        lambda: [tensor.to_numpy(evaluator(x)) for _ in range(40)],
+        lambda: train(trainer, 60, 3))
     assert losses[-1].reshape(-1)[0] < losses[0].reshape(-1)[0]
     for out in outputs:  # eval mode all along: BN uses running stats, nothing drifts
         np.testing.assert_array_equal(out, expected)
@@ -207,20 +202,10 @@ def test_two_threads_drawing_from_the_shared_device_key_do_not_crash():
     """With dropout both compiled steps read and donate the device's key: the runs take turns
     on it (graph._key_locks), so neither passes a donated key, and no key is used twice."""
     models = [make(True, dropout=0.3, seed=s) for s in (1, 2)]
-    errors, losses = [], [[], []]
 
-    def run(i):
-        try:
-            for s in range(40):
-                x, y = batch(8, seed=s)
-                losses[i].append(float(np.asarray(models[i](x, y)[1].array).reshape(-1)[0]))
-        except BaseException as e:  # noqa: BLE001 -- reported below
-            errors.append(e)
+    def losses(m):
+        return [float(np.asarray(m(*batch(8, seed=s))[1].array).reshape(-1)[0])
+                for s in range(40)]
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    assert all(len(ls) == 40 and np.all(np.isfinite(ls)) for ls in losses)
+    runs = in_threads(lambda: losses(models[0]), lambda: losses(models[1]))
+    assert all(len(ls) == 40 and np.all(np.isfinite(ls)) for ls in runs)
