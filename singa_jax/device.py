@@ -229,17 +229,20 @@ def _available() -> str:
         return str(e)
 
 
+def _indexed(found: Sequence[jax.Device], ids: Sequence[int], what: str,
+             kind: str) -> List[Device]:
+    """The Devices of ``found[i]`` for each i in ``ids``; ValueError naming the missing ones."""
+    if any(not 0 <= i < len(found) for i in ids):
+        raise ValueError(f"{what}: asked for {kind}(s) {list(ids)} but {len(found)} are present; "
+                         f"available devices: {_available()}")
+    return [_wrap(found[i]) for i in ids]
+
+
 def _pick(platform: str, ids: Sequence[int], what: str) -> List[Device]:
     found = _platform_devices(platform)
     if platform == "gpu" and not found:
         found = _platform_devices("cuda") or _platform_devices("rocm")
-    by_index = dict(enumerate(found))
-    missing = [i for i in ids if i not in by_index]
-    if missing:
-        raise ValueError(
-            f"{what}: asked for {platform} device(s) {list(ids)} but {len(found)} {platform} "
-            f"device(s) are present; available devices: {_available()}")
-    return [_wrap(by_index[i]) for i in ids]
+    return _indexed(found, ids, what, f"{platform} device")
 
 
 def get_default_device() -> Device:
@@ -296,13 +299,7 @@ def _pick_accelerators(ids: Sequence[int], what: str) -> List[Device]:
     device of each index when there is one, else the default device, with one warning."""
     found = _accelerators()
     if found or _strict_devices():
-        by_index = dict(enumerate(found))
-        missing = [i for i in ids if i not in by_index]
-        if missing:
-            raise ValueError(
-                f"{what}: asked for accelerator (GPU/TPU) device(s) {list(ids)} but {len(found)} "
-                f"are present; available devices: {_available()}")
-        return [_wrap(by_index[i]) for i in ids]
+        return _indexed(found, ids, what, "accelerator (GPU/TPU)")
     if not _fallback_warned[0]:
         _fallback_warned[0] = True
         warnings.warn(f"{what}: JAX has no GPU or TPU; SINGA's GPU devices fall back to the "

@@ -10,7 +10,7 @@ is not supported and says which class to use instead.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -202,11 +202,24 @@ class Optimizer:
         h = self.history.get(name)
         return jnp.zeros_like(value.array) if h is None else h
 
+    # a rule with one history slot: jitted (value, grad, history, lr, *hyper) -> (value, history)
+    _rule: Optional[Callable] = None
+
+    def _hyper(self) -> Tuple[float, ...]:
+        return ()
+
     def apply_with_lr(self, epoch: int, lr: float, grad: Tensor, value: Tensor,
                       name: Optional[str] = None, step: int = -1) -> Tensor:
         """Update ``value`` in place with ``grad`` at learning rate ``lr``; returns value."""
-        raise NotImplementedError(f"{type(self).__name__}.apply_with_lr: use a subclass "
-                                  f"(SGD, Nesterov, RMSProp, AdaGrad, Adam)")
+        if type(self)._rule is None:
+            raise NotImplementedError(f"{type(self).__name__}.apply_with_lr: use a subclass "
+                                      f"(SGD, Nesterov, RMSProp, AdaGrad, Adam)")
+        if grad.is_empty():
+            return value
+        lr = self._prepare(epoch, lr, grad, value, name, step)
+        value.array, self.history[name] = type(self)._rule(
+            value.array, grad.array, self._history(name, value), lr, *self._hyper())
+        return value
 
     def apply(self, epoch: int, grad: Tensor, value: Tensor, name: Optional[str] = None,
               step: int = -1) -> Tensor:
@@ -219,16 +232,19 @@ class Optimizer:
 class SGD(Optimizer):
     """SGD with momentum: history = momentum * history + lr * grad; value -= history."""
 
+    _rule = staticmethod(_sgd_momentum)
+
+    def _hyper(self) -> Tuple[float, ...]:
+        return (self.momentum,)
+
     def apply_with_lr(self, epoch: int, lr: float, grad: Tensor, value: Tensor,
                       name: Optional[str] = None, step: int = -1) -> Tensor:
+        if self.momentum:
+            return super().apply_with_lr(epoch, lr, grad, value, name, step)
         if grad.is_empty():
             return value
-        lr = self._prepare(epoch, lr, grad, value, name, step)
-        if self.momentum:
-            value.array, self.history[name] = _sgd_momentum(
-                value.array, grad.array, self._history(name, value), lr, self.momentum)
-        else:
-            value.array = _sgd(value.array, grad.array, lr)
+        lr = self._prepare(epoch, lr, grad, value, name, step)  # regularises grad first
+        value.array = _sgd(value.array, grad.array, lr)
         return value
 
 
@@ -240,14 +256,10 @@ class Nesterov(Optimizer):
                  constraint: Optional[Constraint] = None):
         super().__init__(lr, momentum, weight_decay, regularizer, constraint)
 
-    def apply_with_lr(self, epoch: int, lr: float, grad: Tensor, value: Tensor,
-                      name: Optional[str] = None, step: int = -1) -> Tensor:
-        if grad.is_empty():
-            return value
-        lr = self._prepare(epoch, lr, grad, value, name, step)
-        value.array, self.history[name] = _nesterov(
-            value.array, grad.array, self._history(name, value), lr, self.momentum)
-        return value
+    _rule = staticmethod(_nesterov)
+
+    def _hyper(self) -> Tuple[float, ...]:
+        return (self.momentum,)
 
 
 class RMSProp(Optimizer):
@@ -260,14 +272,10 @@ class RMSProp(Optimizer):
         self.rho = rho
         self.epsilon = epsilon
 
-    def apply_with_lr(self, epoch: int, lr: float, grad: Tensor, value: Tensor,
-                      name: Optional[str] = None, step: int = -1) -> Tensor:
-        if grad.is_empty():
-            return value
-        lr = self._prepare(epoch, lr, grad, value, name, step)
-        value.array, self.history[name] = _rmsprop(
-            value.array, grad.array, self._history(name, value), lr, self.rho, self.epsilon)
-        return value
+    _rule = staticmethod(_rmsprop)
+
+    def _hyper(self) -> Tuple[float, ...]:
+        return (self.rho, self.epsilon)
 
 
 class AdaGrad(Optimizer):
@@ -280,14 +288,10 @@ class AdaGrad(Optimizer):
         super().__init__(lr, None, weight_decay, regularizer, constraint)
         self.epsilon = epsilon
 
-    def apply_with_lr(self, epoch: int, lr: float, grad: Tensor, value: Tensor,
-                      name: Optional[str] = None, step: int = -1) -> Tensor:
-        if grad.is_empty():
-            return value
-        lr = self._prepare(epoch, lr, grad, value, name, step)
-        value.array, self.history[name] = _adagrad(
-            value.array, grad.array, self._history(name, value), lr, self.epsilon)
-        return value
+    _rule = staticmethod(_adagrad)
+
+    def _hyper(self) -> Tuple[float, ...]:
+        return (self.epsilon,)
 
 
 class Adam(Optimizer):

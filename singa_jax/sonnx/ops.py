@@ -109,23 +109,24 @@ def jax_dtype(onnx_type: int) -> np.dtype:
     return _NP_TO_JAX.get(dt, dt) if not jax.config.jax_enable_x64 else dt
 
 
-def static_ints(call: NodeCall, value: Any, what: str) -> Optional[Tuple[int, ...]]:
-    """A static input (NumPy array) as a tuple of Python ints, None when omitted/empty-optional."""
+def _static_values(call: NodeCall, value: Any, what: str, cast: Any) -> Optional[Tuple[Any, ...]]:
+    """A static input (NumPy array) as a tuple of ``cast`` values, None when omitted/empty."""
     if value is None:
         return None
     if not isinstance(value, np.ndarray):
         raise call.fail(f"input '{what}' must be known before running (an initializer, a Constant "
                         f"or a shape computation), but it depends on the graph's inputs")
-    return tuple(int(v) for v in value.reshape(-1))
+    return tuple(cast(v) for v in value.reshape(-1))
+
+
+def static_ints(call: NodeCall, value: Any, what: str) -> Optional[Tuple[int, ...]]:
+    """A static input as a tuple of Python ints (see :func:`_static_values`)."""
+    return _static_values(call, value, what, int)
 
 
 def static_floats(call: NodeCall, value: Any, what: str) -> Optional[Tuple[float, ...]]:
-    if value is None:
-        return None
-    if not isinstance(value, np.ndarray):
-        raise call.fail(f"input '{what}' must be known before running, but it depends on the "
-                        f"graph's inputs")
-    return tuple(float(v) for v in value.reshape(-1))
+    """A static input as a tuple of Python floats (see :func:`_static_values`)."""
+    return _static_values(call, value, what, float)
 
 
 def _axis(call: NodeCall, axis: int, ndim: int) -> int:
