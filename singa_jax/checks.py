@@ -13,6 +13,13 @@ outside the vocabulary) calls :func:`check` with a scalar boolean array ``ok`` a
   nothing applied and no host sync per op.
 * **Traced with no collector** (a user's own ``jax.jit`` around singa_jax code): the check is
   skipped; nobody could act on the flag.
+* **A check of a compiled step's input as it was passed** (class labels handed straight to the
+  loss -- the usual case): while graph mode traces a step it names the step's traced inputs
+  (:func:`input_checks`); an index check of one of them is not compiled into the program at
+  all. It is recorded as ``(position, check)`` and graph mode runs it on the concrete argument
+  before each run of the program, exactly as eager mode checks: an error before the step, and
+  no flag, no gating of the new state and no device sync in the program. (Reading the labels
+  waits for them only, which a batch fed from the host never makes anyone do.)
 
 Contract for the collector (graph mode):
 
@@ -39,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["Check", "check", "collecting", "check_indices", "all_passed", "outputs",
-           "raise_first_failure"]
+           "raise_first_failure", "input_checks", "run_input_checks"]
 
 Message = Union[str, Callable[[], str]]
 
@@ -77,6 +84,32 @@ def collecting() -> Iterator[List[Check]]:
         yield found
     finally:
         _COLLECTOR.reset(token)
+
+
+# (id of each traced input of the step -> its position, the list of input checks found)
+InputCheck = Tuple[int, Callable[[Any], None]]
+_INPUTS: contextvars.ContextVar[Optional[Tuple[dict, List[InputCheck]]]] = \
+    contextvars.ContextVar("singa_jax.checks.inputs", default=None)
+
+
+@contextlib.contextmanager
+def input_checks(traced_inputs: Sequence[Any]) -> Iterator[List[InputCheck]]:
+    """While a compiled step is traced over ``traced_inputs`` (its batch arrays): an index check
+    of one of them as it stands is recorded in the yielded list as ``(position, check)`` instead
+    of being compiled in; :func:`run_input_checks` runs them on the concrete arguments."""
+    found: List[InputCheck] = []
+    token = _INPUTS.set(({id(a): i for i, a in enumerate(traced_inputs)}, found))
+    try:
+        yield found
+    finally:
+        _INPUTS.reset(token)
+
+
+def run_input_checks(found: Sequence[InputCheck], arrays: Sequence[Any]) -> None:
+    """Run the input checks of a compiled step on its concrete inputs ``arrays`` (raises the
+    eager error of the first that fails)."""
+    for position, run in found:
+        run(arrays[position])
 
 
 def all_passed(found: Sequence[Check]) -> Any:
@@ -182,10 +215,25 @@ def check_indices(op: str, what: str, idx: jax.Array, size: int, context: str,
         return
     if not (jnp.issubdtype(idx.dtype, jnp.integer) or jnp.issubdtype(idx.dtype, jnp.floating)):
         raise TypeError(f"{op}: {what} must be integers or floats, got dtype {idx.dtype}")
-    if _is_tracer(idx):  # graph mode: a small kernel in the program, checked at its end
+    if _is_tracer(idx):
+        inputs = _INPUTS.get()
+        position = None if inputs is None else inputs[0].get(id(idx))
+        if position is not None:  # a compiled step's input: checked on the host before each run
+            inputs[1].append((position, lambda concrete: check_indices(
+                op, what, concrete, size, context, require_integers)))
+            return
+        # a value computed inside a compiled step: a small kernel in it, checked at its end
         ok, lo, hi, whole = _index_stats(idx, int(size), bool(require_integers))
     else:  # eager: indices are few, and reading them avoids a kernel launch and a device sync
-        ok, lo, hi, whole = _host_index_stats(np.asarray(idx), int(size), require_integers)
+        host = np.asarray(idx)
+        if host.dtype.kind == "i" and size <= np.iinfo(host.dtype).max:
+            # the usual case, checked on every step: one reduction (viewed as unsigned, a
+            # negative index is at least 2**(bits-1) > size, so one max covers both ends)
+            if host.view(host.dtype.str.replace("i", "u")).max() < size:
+                return
+        elif host.dtype.kind == "u" and host.max() < size:
+            return
+        ok, lo, hi, whole = _host_index_stats(host, int(size), require_integers)
     kind = "integers in" if require_integers else "in"
     message = (_escape(f"{op}: {what} must be {kind} [0, {size}) ({context}); got {what} of "
                        f"shape {tuple(idx.shape)}, dtype {idx.dtype}, with values in ")

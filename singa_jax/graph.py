@@ -62,13 +62,14 @@ import jax
 import jax.extend.core as jex_core
 import numpy as np
 
+from . import checks
 from . import device as device_mod
 from .autograd.engine import Dummy
 from .xla_options import compile_options, platform_of
 from .modes import TraceHook, current_trace_hook, trace_hook
 from .tensor import Tensor
 
-__all__ = ["GraphRunner", "GraphModeError", "tensors_in"]
+__all__ = ["GraphRunner", "GraphModeError", "tensors_in", "NOT_CACHED"]
 
 # Errors JAX raises when Python code asks for the concrete value of a traced array.
 _CONCRETE_VALUE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
@@ -247,6 +248,7 @@ class _Program:
     where: str                       # "Model.method", for messages
     state_ids: frozenset = frozenset()  # ids of the state Tensors it was traced over
     checked: bool = False            # outputs verified free of tracers (first run)
+    input_checks: tuple = ()         # (batch position, check): run on the host before a run
 
 
 class GraphRunner:
@@ -279,36 +281,46 @@ class GraphRunner:
         ``static`` is whatever else the program bakes in (a Model passes its optimizers'
         schedules), so that a change of it compiles a new program.
 
-        This is the per-step path of every compiled model, so it does as little Python as it
-        can: on a small model every microsecond here is a visible share of the step. Pass
-        ``declared_state`` as a tuple (a Model passes the same tuple until its state changes)
-        and its identities are not re-collected on every call."""
+        Pass ``declared_state`` as a tuple (a Model passes the same tuple until its state
+        changes) and its identities are not re-collected on every call."""
         if current_trace_hook() is not None:
             # inside a trace (this model's or another's): run inline, so that the outer
             # program takes this model's ops (and state) in
             return fn(*args, **kwargs)
-        leaves, arg_tree, arg_sig, arrays = _call_signature(args, kwargs, self.owner_name, name)
-        # State tensors enter the key by identity only: if one was rebound to another shape or
-        # dtype, the compiled call itself refuses the inputs, before anything is donated, and
-        # the step is traced again.
-        key = (name, training, arg_tree, arg_sig, self._state_ids(declared_state),
-               device_mod.all_devices(), static)
+        result = self.run_cached(name, args, kwargs, declared_state, training, static)
+        if result is not NOT_CACHED:
+            return result
+        return self._trace_and_run(fn, name, args, kwargs, declared_state, training, static)
+
+    def run_cached(self, name: str, args: tuple, kwargs: dict, declared_state: Sequence[Tensor],
+                   training: bool, static: Hashable = ()) -> Any:
+        """The result of a call as :meth:`run` gives it when a program compiled for it is
+        cached, else :data:`NOT_CACHED` (then nothing ran, nothing changed). This is the
+        per-step path of every compiled model, so it does as little Python as it can: on a
+        small model every microsecond here is a visible share of the step."""
+        _, _, arrays, key = self._call_key(name, args, kwargs, declared_state, training, static)
         last_key, prog = self._last
         if key != last_key:  # comparing with the last call's key is cheaper than hashing it
             prog = self.programs.get(key)
-        state = None
         if prog is None and self.programs:
-            state = self._state_list(declared_state)
-            prog = self._rekeyed(key, state)
-        if prog is not None:
-            result = self._execute(prog, arrays)
-            if result is not _INPUTS_CHANGED:
-                self._last = (key, prog)
-                return result
+            prog = self._rekeyed(key, self._state_list(declared_state))
+        if prog is None:
+            return NOT_CACHED
+        result = self._execute(prog, arrays)
+        if result is _INPUTS_CHANGED:
             self.programs.pop(key, None)
             self._last = (None, None)
-        if state is None:
-            state = self._state_list(declared_state)
+            return NOT_CACHED
+        self._last = (key, prog)
+        return result
+
+    def _trace_and_run(self, fn: Callable, name: str, args: tuple, kwargs: dict,
+                       declared_state: Sequence[Tensor], training: bool, static: Hashable
+                       ) -> Any:
+        """Trace the call, keep its program (when it can serve later calls) and run it."""
+        leaves, arg_tree, arrays, key = self._call_key(name, args, kwargs, declared_state,
+                                                       training, static)
+        state = self._state_list(declared_state)
         prog = self._trace(fn, f"{self.owner_name}.{name}", leaves, arg_tree, arrays, state,
                            device_mod.all_devices())
         if prog.cacheable:
@@ -323,6 +335,18 @@ class GraphRunner:
         else:
             self._count_one_off(name, prog)
         return self._execute(prog, arrays)
+
+    def _call_key(self, name: str, args: tuple, kwargs: dict, declared_state: Sequence[Tensor],
+                  training: bool, static: Hashable) -> Tuple[Sequence[Any], Any, list, Tuple]:
+        """The call's leaves, their tree, the arrays to pass and the key of its program.
+
+        State tensors enter the key by identity only: if one was rebound to another shape or
+        dtype, the compiled call itself refuses the inputs, before anything is donated, and the
+        step is traced again."""
+        leaves, arg_tree, arg_sig, arrays = _call_signature(args, kwargs, self.owner_name, name)
+        key = (name, training, arg_tree, arg_sig, self._state_ids(declared_state),
+               device_mod.all_devices(), static)
+        return leaves, arg_tree, arrays, key
 
     def _rekeyed(self, key: Tuple, state: List[Tensor]) -> Any:
         """A program of the same call traced over exactly the tensors of ``state``, filed under
@@ -408,7 +432,7 @@ class GraphRunner:
             call_leaves = _rebuild_leaves(leaves, batch_arrays)
             args, kwargs = jax.tree_util.tree_unflatten(arg_tree, call_leaves)
             recorder.known_ids.update(id(x) for x in call_leaves if isinstance(x, Tensor))
-            with trace_hook(recorder):
+            with trace_hook(recorder), checks.input_checks(batch_arrays) as input_checks:
                 result = fn(*args, **kwargs)
             res_leaves, res_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
             kinds, res_arrays = _result_outputs(res_leaves)
@@ -424,7 +448,8 @@ class GraphRunner:
             rewritten = ([t.array is not a for t, a in zip(state, state_arrays)] +
                          [d.key is not k for d, k in zip(devices, keys)])
             record.update(tree=res_tree, kinds=kinds, extra=extra, rewritten=rewritten,
-                          read=list(recorder.undeclared_read.values()), alive=alive)
+                          read=list(recorder.undeclared_read.values()), alive=alive,
+                          input_checks=tuple(input_checks))
             outputs = ([t.array for t in state], [d.key for d in devices],
                        [t.array for t in extra], res_arrays)
             if not with_births:
@@ -486,7 +511,7 @@ class GraphRunner:
                         written_devices=written_devices, extra_out=record["extra"],
                         result_tree=record["tree"], result_kinds=record["kinds"],
                         cacheable=not new_state, where=where,
-                        state_ids=frozenset(state_ids))
+                        state_ids=frozenset(state_ids), input_checks=record["input_checks"])
 
     def _compile(self, layout: "_Layout", spmd: Any, holders: list, batch_arrays: list,
                  one_off: bool) -> Any:
@@ -514,6 +539,7 @@ class GraphRunner:
 
     # -- running -----------------------------------------------------------------------------
     def _execute(self, prog: _Program, batch: list) -> Any:
+        checks.run_input_checks(prog.input_checks, batch)  # raises before anything is donated
         if not (prog.donated_devices or prog.read_devices):
             return self._execute_program(prog, batch)
         # Device keys are shared by every model: another thread's step (or eager next_key) must
@@ -756,6 +782,9 @@ def _avals(tree: Any) -> list:
 
 # what _execute returns when a cached program no longer fits its state (it is then retraced)
 _INPUTS_CHANGED = object()
+
+# what GraphRunner.run_cached returns when no compiled program serves the call
+NOT_CACHED = object()
 
 
 def _buffer_id(a) -> int:

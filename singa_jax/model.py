@@ -39,13 +39,19 @@ import numpy as np
 
 from . import autograd, checkpoint, checks, modes, opt
 from . import device as device_mod
-from .graph import GraphRunner, tensors_in
+from .graph import NOT_CACHED, GraphRunner, tensors_in
 from .layer.base import Layer, LayerMeta, concrete_initialization
 from .opt.dist import spmd_of
 from .transaction import StepTransaction
 from .tensor import Tensor, from_numpy
 
 __all__ = ["ModelMeta", "Model"]
+
+
+# Graph mode reads an optimizer's count of skipped (non-finite) steps after every this many
+# steps, when it is computed by then (see Optimizer._report_skipped_steps); the warning comes
+# that late at most.
+_SKIP_REPORT_EVERY = 16
 
 
 def _leads_with_tensor(args: Sequence[Any]) -> bool:
@@ -181,20 +187,36 @@ class Model(Layer, metaclass=ModelMeta):
         (whatever other threads set), compiled when ``graph``, and as a transaction -- if it
         raises, every parameter, buffer, optimizer state and device key is what it was before
         (see :mod:`singa_jax.transaction`)."""
-        declared, _ = self._declared_state()
-        optimizers = self._optimizers() if self.training else []
-        undo = StepTransaction(declared, _with_wrapped(optimizers), self._uninitialised_layers(),
-                               arrays=not graph)
-        with modes.training_mode(self.training), undo:
-            if not graph:
+        declared, static, optimizers = self._declared_state()
+        if not graph:
+            with self._transaction(declared, optimizers, arrays=True):
                 return fn(*args, **kwargs)
-            for optimizer in optimizers:  # report the last step's skips; hold no state array
-                optimizer._warn_skipped_steps(release=True)
-            result, failed = self._run_graph(_checked(fn), name, args, kwargs)
+        for optimizer in optimizers:  # report the last step's skips, and drop the state array
+            optimizer._warn_skipped_steps(release=True)  # kept for it (held, it would be copied
+        runner = self._graph_runner                      # rather than donated)
+        runner.spmd = spmd_of(static)  # a DistOpt's step runs as one SPMD program
+        # A cached program runs no Python op code (no mode to set) and changes nothing unless it
+        # runs to the end: only a call that traces needs the transaction.
+        ran = runner.run_cached(name, args, kwargs, declared, self.training, static)
+        if ran is NOT_CACHED:
+            with self._transaction(declared, optimizers, arrays=False):
+                ran = runner.run(_checked(fn), name, args, kwargs, declared, self.training,
+                                 static)
+        result, failed = ran
         for optimizer in optimizers:  # a compiled step runs no optimizer code: watch here
-            optimizer._watch_skipped_steps()
+            optimizer._watch_skipped_steps(every=_SKIP_REPORT_EVERY)
         checks.raise_first_failure(failed)  # the step applied nothing (see _checked)
         return result
+
+    @contextlib.contextmanager
+    def _transaction(self, declared: Sequence[Tensor], optimizers: List[Any], arrays: bool
+                     ) -> Iterator[None]:
+        """The block in this model's training mode, undone if it raises (``arrays=False`` in
+        graph mode, whose failed trace restores the state arrays itself)."""
+        undo = StepTransaction(declared, _with_wrapped(optimizers), self._uninitialised_layers(),
+                               arrays=arrays)
+        with modes.training_mode(self.training), undo:
+            yield
 
     def _uninitialised_layers(self) -> List[Layer]:
         """Layers of this model not yet initialised (a first call initialises them). Once all
@@ -225,9 +247,10 @@ class Model(Layer, metaclass=ModelMeta):
             return list(Layer.get_states(self).values())
         return list(self.get_states().values())
 
-    def _declared_state(self) -> Tuple[Tuple[Tensor, ...], Tuple]:
+    def _declared_state(self) -> Tuple[Tuple[Tensor, ...], Tuple, List[Any]]:
         """The step's declared state -- the layers' tensors and, in training, every optimizer's
-        -- and what the optimizers bake into a compiled step (their ``_static_key``).
+        --, what the optimizers bake into a compiled step (their ``_static_key``) and the
+        optimizers (none in evaluation).
 
         Cached until an attribute of this model or of any layer in its tree is assigned (the
         model's own ``structure_version``, which every such assignment bumps) or an optimizer's
@@ -254,14 +277,8 @@ class Model(Layer, metaclass=ModelMeta):
         opt_versions = [(o, o.states_version) for o in optimizers]
         # stored without __setattr__, which would bump the structure version
         self.__dict__["_declared_cache"] = (version, self.training, opt_versions,
-                                            (tuple(declared), static))
+                                            (tuple(declared), static, optimizers))
         return self.__dict__["_declared_cache"][3]
-
-    def _run_graph(self, fn, name: str, args: tuple, kwargs: dict) -> Any:
-        declared, static = self._declared_state()
-        # a DistOpt's training step runs as one SPMD program over all ranks' devices
-        self._graph_runner.spmd = spmd_of(static)
-        return self._graph_runner.run(fn, name, args, kwargs, declared, self.training, static)
 
     # --- checkpoints -----------------------------------------------------------------------------
     def save_states(self, fpath: str, aux_states: Dict[str, Any] = {},  # noqa: B006 (SINGA's)

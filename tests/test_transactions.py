@@ -136,6 +136,52 @@ def test_bad_labels_fail_the_step_with_nothing_applied(graph):
     assert not np.array_equal(before["m/l2.W"], tensor.to_numpy(m.l2.W))
 
 
+def test_graph_mode_checks_labels_passed_to_the_loss_on_the_host_before_the_step():
+    """Labels handed straight to the loss are a compiled step's input: their check is not
+    compiled in (no flag, no gating of the new state, no sync after the step); it runs on the
+    concrete argument before the program, on the first (tracing) call as on later ones."""
+    m = make(True)
+    x, y = batch()
+    before = snapshot(m)
+    bad = tensor.from_numpy(np.array([0, 1, 3, 1], np.int32))
+    with pytest.raises(ValueError, match=r"SoftMaxCrossEntropy: class labels t must be integers "
+                                         r"in \[0, 3\).*\[0, 3\]"):
+        m(x, bad)  # the first call: traced, then checked before it runs
+    assert_same(before, snapshot(m))
+    m(x, y)
+    prog = m._graph_runner._last[1]
+    assert [position for position, _ in prog.input_checks] == [1]  # y, the second argument
+    assert m(x, y)[1] is not None and m._graph_runner.compile_count == 1
+
+
+class ComputedLabels(Net):
+    """The labels reach the loss through an op of the step: checked inside the program."""
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        shifted = autograd.add(y, tensor.from_numpy(np.zeros(y.shape, np.int32)))
+        loss = self.loss(out, shifted)
+        self.optimizer(loss)
+        return out, loss
+
+
+def test_graph_mode_checks_labels_computed_in_the_step_at_its_end_with_nothing_applied():
+    device.get_default_device().SetRandSeed(5)
+    m = ComputedLabels()
+    m.set_optimizer(opt.SGD(lr=0.1, momentum=0.9))
+    x, y = batch()
+    m.compile([x], is_train=True, use_graph=True)
+    m(x, y)
+    m(x, y)  # run from the cache
+    assert m._graph_runner._last[1].input_checks == ()
+    before = snapshot(m)
+    with pytest.raises(ValueError, match=r"class labels t must be integers in \[0, 3\)"):
+        m(x, tensor.from_numpy(np.array([0, -2, 1, 1], np.int32)))
+    assert_same(before, snapshot(m))
+    m(x, y)
+    assert not np.array_equal(before["m/l2.W"], tensor.to_numpy(m.l2.W))
+
+
 def in_threads(*jobs):
     """Run each job in its own thread at once; their results, or the first error raised."""
     results, errors = [None] * len(jobs), []
