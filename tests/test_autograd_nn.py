@@ -88,7 +88,31 @@ CONV_CASES = [  # (in_ch, out_ch, kernel, stride, padding, dilation, group, bias
     (4, 4, (3, 3), (1, 2), (1, 0), (2, 1), 4, True, (0, 0, 0, 0)),  # depthwise + dilation
     (2, 3, (3, 3), (2, 2), (0, 0), (1, 1), 1, True, (0, 1, 0, 1)),  # SAME_UPPER-style
     (2, 3, (2, 2), (1, 1), (0, 0), (1, 1), 1, True, (1, 0, 1, 0)),  # SAME_LOWER-style
+    (3, 6, (3, 3), (2, 1), (1, 1), (1, 1), 3, True, (0, 1, 1, 0)),  # depthwise, multiplier 2
+    (5, 5, (1, 3), (1, 1), (0, 1), (1, 1), 5, False, (0, 0, 0, 0)),  # depthwise, 1x3
 ]
+
+
+def test_depthwise_convolution_on_cpu_equals_the_grouped_convolution():
+    """The CPU backend computes depthwise convolutions as shifted slices (nn._depthwise_conv,
+    5-10x faster there than XLA's grouped convolution): same values and gradients."""
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rand(rng, 2, 4, 9, 8))
+    W = jnp.asarray(rand(rng, 8, 1, 3, 3))
+    pads, stride, dilation = ((1, 2), (0, 1)), (2, 1), (1, 2)
+
+    def grouped(x, W):
+        return jax.lax.conv_general_dilated(x, W, stride, pads, rhs_dilation=dilation,
+                                            dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                            feature_group_count=4)
+
+    def shifted(x, W):
+        return nn._depthwise_conv(x, W, stride, pads, dilation)
+
+    np.testing.assert_allclose(shifted(x, W), grouped(x, W), rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.grad(lambda *a: jnp.sum(jnp.sin(shifted(*a))), (0, 1))(x, W),
+                    jax.grad(lambda *a: jnp.sum(jnp.sin(grouped(*a))), (0, 1))(x, W)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("cin,cout,kernel,stride,pad,dil,group,bias,odd", CONV_CASES)
