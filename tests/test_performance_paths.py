@@ -11,6 +11,7 @@
 import os
 import subprocess
 import sys
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -214,3 +215,19 @@ def test_import_sets_the_cache_without_starting_a_backend(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["None", "False"]
+
+
+def test_the_cache_singa_jax_chooses_keeps_every_program(tmp_path):
+    """compile()'s per-shape parameter draws compile in ~20 ms: below JAX's default threshold
+    (1 s) they would be compiled again on every run."""
+    code = "import jax, singa_jax; print(jax.config.jax_persistent_cache_min_compile_time_secs)"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+    env[singa_jax.COMPILATION_CACHE_ENV] = str(tmp_path / "xla")
+    run = partial(subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True,
+                  check=True)
+    assert float(run(env=env).stdout.split()[-1]) == 0.0
+    assert float(run(env={**env, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2"}
+                     ).stdout.split()[-1]) == 2.0  # the user's setting rules
+    assert float(run(env={**env, singa_jax.COMPILATION_CACHE_ENV: "0"}).stdout.split()[-1]) \
+        == 1.0  # cache off: JAX's default untouched
