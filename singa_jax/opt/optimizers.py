@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -145,6 +145,29 @@ def _advance_unless_skipped(schedules: Tuple[DecayScheduler, ...], step: jax.Arr
     counter, every schedule's value there and ``skip_state`` with ``pending`` cleared."""
     nxt = step + (1 - skip_state[1])
     return nxt, tuple(s.value(nxt) for s in schedules), skip_state.at[1].set(0.0)
+
+
+@lru_cache(maxsize=None)
+def _inexact(dtype: Any) -> bool:
+    """Whether ``dtype`` is floating point (or complex); cached: ``jnp.issubdtype`` costs about a
+    microsecond, several times per parameter and step."""
+    return bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
+def _read_direct(t: Tensor) -> jax.Array:
+    return t._data
+
+
+def _write_direct(t: Tensor, value: jax.Array) -> None:
+    t._data = value  # a kernel output, on the device of its inputs: the setter's checks hold
+
+
+def _read_traced(t: Tensor) -> Any:
+    return t.array  # through the property: graph mode's trace hook sees the read
+
+
+def _write_traced(t: Tensor, value: Any) -> None:
+    t.array = value
 
 
 class NonFiniteStepWarning(RuntimeWarning):
@@ -522,17 +545,23 @@ class Optimizer:
         if not isinstance(p, Tensor) or not isinstance(g, Tensor):
             raise TypeError(f"{owner}: param and grad must be Tensors, got "
                             f"{type(p).__name__} and {type(g).__name__} for {name!r}")
-        if not jnp.issubdtype(p.dtype, jnp.inexact) or not jnp.issubdtype(g.dtype, jnp.inexact):
-            raise TypeError(f"{owner}: param {name!r} ({p.dtype}) and its grad ({g.dtype}) must "
+        # the arrays' metadata is read directly: cheaper than the properties, and no value is
+        # read (graph mode's trace hook needs to see values only)
+        pa, ga = p._data, g._data
+        if not (_inexact(pa.dtype) and _inexact(ga.dtype)):
+            raise TypeError(f"{owner}: param {name!r} ({pa.dtype}) and its grad ({ga.dtype}) must "
                             f"be floating point")
-        if p.shape != g.shape:
-            raise ValueError(f"{owner}: shape mismatch for param {name!r}: param {p.shape}, "
-                             f"grad {g.shape}")
+        if pa.shape != ga.shape:
+            raise ValueError(f"{owner}: shape mismatch for param {name!r}: param "
+                             f"{tuple(pa.shape)}, grad {tuple(ga.shape)}")
 
     def _update_pairs(self, triples: Sequence[Tuple[Any, Tensor, Tensor]],
                       loss: Optional[Tensor] = None) -> None:
         """Update every ``(name, param, grad)`` with one kernel per device (skipped inside the
-        kernel when non-finite, see the class docstring; ``loss`` is checked too)."""
+        kernel when non-finite, see the class docstring; ``loss`` is checked too).
+
+        Eager SINGA programs call this once per step: it reads and writes the arrays directly
+        unless graph mode is tracing (whose hook must see every read and write)."""
         if not triples:
             return
         self._warn_skipped_steps()
@@ -543,7 +572,7 @@ class Optimizer:
         for key, (name, p, _) in zip(keys, triples):
             for kind in kinds:
                 s = self._slot_dict(kind).get(key)
-                if s is not None and s.shape != p.shape:
+                if s is not None and s._data.shape != p._data.shape:
                     raise ValueError(f"{type(self).__name__}: slot {kind!r} of param {name!r} "
                                      f"(key {key!r}) has shape {s.shape} but the param has "
                                      f"shape {p.shape}")
@@ -556,8 +585,11 @@ class Optimizer:
         step = self.step_counter.array
         guard = self._guarded()
         checked = ()
-        if guard and isinstance(loss, Tensor) and jnp.issubdtype(loss.dtype, jnp.inexact):
+        if guard and isinstance(loss, Tensor) and _inexact(loss.dtype):
             checked = (loss.array,)
+        traced = current_trace_hook() is not None
+        read = _read_traced if traced else _read_direct
+        write = _write_traced if traced else _write_direct
         for dev, idx in by_device.items():
             # with params on several devices, each device's kernel decides (and counts) alone
             h, s, c = hyper, step, checked
@@ -569,12 +601,12 @@ class Optimizer:
                 skip_state = None if skip_state is None else dev.put(skip_state)
             new_ps, new_slots, new_skip = _fused_update(
                 type(self)._rule, self._config(), self._decay_on(), schedules, h, s,
-                [triples[i][1].array for i in idx], [triples[i][2].array for i in idx],
-                [tuple(t.array for t in slot_tensors[i]) for i in idx], guard, c, skip_state)
+                [read(triples[i][1]) for i in idx], [read(triples[i][2]) for i in idx],
+                [tuple(map(read, slot_tensors[i])) for i in idx], guard, c, skip_state)
             for i, np_, nss in zip(idx, new_ps, new_slots):
-                triples[i][1].array = np_
+                write(triples[i][1], np_)
                 for t, a in zip(slot_tensors[i], nss):
-                    t.array = a
+                    write(t, a)
             if guard:
                 home = self._skip_state.device
                 self._skip_state.array = new_skip if dev is home else home.put(new_skip)
