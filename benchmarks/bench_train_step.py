@@ -2,6 +2,10 @@
 (vs PyTorch eager where installed), on SINGA's MLP (784-256-10) and LeNet CNN
 (examples/cnn/model/cnn.py), batch 64, SGD with momentum.
 
+Besides the defaults, "graph unguarded" is graph mode with ``skip_nonfinite=False`` (SINGA's
+update, no NaN guard) and "jax.jit guarded" the hand-written step with the same guard as
+singa_jax's default, so each is also compared with a hand-written step doing the same work.
+
 Every timed step waits for ALL of its state -- parameters, buffers and optimizer slots, not only
 the loss -- since JAX dispatches asynchronously and work left running would be billed to the
 next variant. The JAX variants run in one process, interleaved step by step; PyTorch runs in
@@ -80,18 +84,27 @@ def cnn_apply(params, x):
     return y @ w2 + b2
 
 
-def make_jax_step(apply: Callable):
-    """SINGA's SGD-momentum rule (v = m v + g; p -= lr v) on softmax cross-entropy."""
+def make_jax_step(apply: Callable, guarded: bool = False):
+    """SINGA's SGD-momentum rule (v = m v + g; p -= lr v) on softmax cross-entropy. With
+    ``guarded`` the update is skipped when the loss or a gradient is not finite, as singa_jax's
+    default ``skip_nonfinite`` does (a cond on the finiteness of the sum of every gradient)."""
 
     def loss_fn(params, x, y):
         logp = jax.nn.log_softmax(apply(params, x))
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
 
+    def update(params, moments, grads):
+        moments = [MOMENTUM * v + g for v, g in zip(moments, grads)]
+        return [p - LR * v for p, v in zip(params, moments)], moments
+
     @partial(jax.jit, donate_argnums=(0, 1))
     def step(params, moments, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        moments = [MOMENTUM * v + g for v, g in zip(moments, grads)]
-        params = [p - LR * v for p, v in zip(params, moments)]
+        if not guarded:
+            return (*update(params, moments, grads), loss)
+        ok = jnp.isfinite(sum(jnp.sum(g) for g in grads) + loss)
+        params, moments = jax.lax.cond(ok, lambda: update(params, moments, grads),
+                                       lambda: (params, moments))
         return params, moments, loss
 
     return step
@@ -156,10 +169,11 @@ def torch_times(kind: str, batch: int, steps: int) -> List[float]:
 
 
 # --- timing --------------------------------------------------------------------------------
-def build(kind: str, batch: int, use_graph: bool, seed: int = 0):
+def build(kind: str, batch: int, use_graph: bool, seed: int = 0, guarded: bool = True):
     device.get_default_device().SetRandSeed(seed)
     net = MLP() if kind == "mlp" else CNN()
     net.set_optimizer(opt.SGD(lr=LR, momentum=MOMENTUM))
+    net.optimizer.skip_nonfinite = guarded
     shape = (batch, 784) if kind == "mlp" else (batch, 1, 28, 28)
     net.compile([tensor.Tensor(shape)], is_train=True, use_graph=use_graph)
     return net, shape
@@ -177,6 +191,7 @@ def bench(kind: str, batch: int, steps: int, rounds: int) -> Dict[str, float]:
     graph_net, shape = build(kind, batch, True)
     graph_compile = time.perf_counter() - t0
     eager_net, _ = build(kind, batch, False)
+    bare_net, _ = build(kind, batch, True, guarded=False)  # skip_nonfinite off: SINGA's update
     x_np = rng.standard_normal(shape).astype(np.float32)
     y_np = rng.integers(0, 10, batch).astype(np.int32)
     x, y = tensor.from_numpy(x_np), tensor.from_numpy(y_np)
@@ -188,8 +203,10 @@ def bench(kind: str, batch: int, steps: int, rounds: int) -> Dict[str, float]:
               "linear2.W", "linear2.b"])
     assert set(order) == set(names), (order, names)
     jstep = make_jax_step(mlp_apply if kind == "mlp" else cnn_apply)
+    jstep_guarded = make_jax_step(mlp_apply if kind == "mlp" else cnn_apply, guarded=True)
     jp = jax_params(graph_net, order)
     jm = [jnp.zeros_like(p) for p in jp]
+    jpg, jmg = [jnp.array(p) for p in jp], [jnp.zeros_like(p) for p in jp]
 
     held = {}  # state Tensors of each model, listed once its optimizer slots exist
 
@@ -201,13 +218,26 @@ def bench(kind: str, batch: int, steps: int, rounds: int) -> Dict[str, float]:
         _, loss = eager_net(x, y)
         jax.block_until_ready([loss.array] + [t.array for t in held["eager"]])
 
-    jax_state = {"p": jp, "m": jm}
+    def bare_step():
+        _, loss = bare_net(x, y)
+        jax.block_until_ready([loss.array] + [t.array for t in held["bare"]])
 
-    def jax_step():
-        jax_state["p"], jax_state["m"], loss = jstep(jax_state["p"], jax_state["m"], xj, yj)
-        jax.block_until_ready((loss, jax_state["p"], jax_state["m"]))
+    def jax_stepper(step: Callable, params: list, moments: list) -> Callable[[], None]:
+        state = {"p": params, "m": moments}
+
+        def run():
+            state["p"], state["m"], loss = step(state["p"], state["m"], xj, yj)
+            jax.block_until_ready((loss, state["p"], state["m"]))
+
+        return run
+
+    jax_step = jax_stepper(jstep, jp, jm)
+    jax_step_guarded = jax_stepper(jstep_guarded, jpg, jmg)
 
     held["graph"], held["eager"] = state_tensors(graph_net), state_tensors(eager_net)
+    held["bare"] = state_tensors(bare_net)
+    bare_step()
+    held["bare"] = state_tensors(bare_net)  # now with the optimizer's slots
     t0 = time.perf_counter()
     graph_step()
     first = time.perf_counter() - t0
@@ -225,7 +255,8 @@ def bench(kind: str, batch: int, steps: int, rounds: int) -> Dict[str, float]:
           f"{first:.3f}s ({runner.trace_count} trace(s), {runner.compile_count} XLA compile(s)), "
           f"second call {second * 1e3:.1f} ms; hand-written jax.jit first call {jax_first:.3f}s")
 
-    variants = {"graph": graph_step, "eager": eager_step, "jax.jit": jax_step}
+    variants = {"graph": graph_step, "eager": eager_step, "jax.jit": jax_step,
+                "graph unguarded": bare_step, "jax.jit guarded": jax_step_guarded}
     for fn in variants.values():  # warm-up
         for _ in range(3):
             fn()
@@ -245,9 +276,12 @@ def bench(kind: str, batch: int, steps: int, rounds: int) -> Dict[str, float]:
         print(f"[{kind}] PyTorch not installed: skipping the torch eager variant")
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in med.items():
-        print(f"[{kind}] {k:12s} median {v * 1e3:8.3f} ms/step")
+        print(f"[{kind}] {k:16s} median {v * 1e3:8.3f} ms/step")
     print(f"[{kind}] graph / jax.jit = {med['graph'] / med['jax.jit']:.3f}   "
           f"eager / jax.jit = {med['eager'] / med['jax.jit']:.3f}")
+    print(f"[{kind}] same work: graph / jax.jit guarded = "
+          f"{med['graph'] / med['jax.jit guarded']:.3f}   graph unguarded / jax.jit = "
+          f"{med['graph unguarded'] / med['jax.jit']:.3f}")
     if "torch eager" in med:
         print(f"[{kind}] graph / torch = {med['graph'] / med['torch eager']:.3f}   "
               f"eager / torch = {med['eager'] / med['torch eager']:.3f}   "
