@@ -16,8 +16,8 @@ with the graph. PyTorch-style entry points (``Tensor.backward``, ``autograd.grad
 """
 from __future__ import annotations
 
-from collections import Counter, deque
-from functools import partial
+from collections import Counter
+from functools import lru_cache, partial
 from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import jax
@@ -25,8 +25,10 @@ import jax.numpy as jnp
 
 from ..creator import Dummy, Node  # noqa: F401
 from ..ctensor import CTensor, as_array
+from ..device import get_default_device
 from ..modes import is_grad_enabled, is_training
 from ..tensor import Tensor
+from ..tensor.handle import result_tensor
 
 __all__ = ["Operator", "Operation", "Dummy", "infer_dependency", "gradients", "backward",
            "is_training"]
@@ -50,6 +52,8 @@ class Operator(Node):
     # its backward state whatever ``autograd.training`` says (see autograd.torch_style)
     tracked = False
     freed = False  # released by a backward without retain_graph: cannot be passed again
+    # per input of the last call: whether anyone can use its gradient (None before a call)
+    input_needs_grad: Optional[Tuple[bool, ...]] = None
 
     def __init__(self, name: Optional[str] = None):
         if name is None:
@@ -66,38 +70,61 @@ class Operator(Node):
         return f"<{type(self).__name__} operator {self.name!r}>"
 
     def _do_forward(self, *xs: Tensor) -> Tuple[Tensor, ...]:
+        src, needs = [], []
         requires_grad = tracked = False
-        for i, x in enumerate(xs):
+        dev = xs[0].device if xs else None
+        one_device = True  # every input on dev: the kernel's outputs are there too
+        for i, x in enumerate(xs):  # one pass: check, record src, find who needs a gradient
             if not isinstance(x, Tensor):
                 raise TypeError(f"{type(self).__name__}: input {i} must be a Tensor, got "
                                 f"{type(x).__name__}")
+            if x.device is not dev:
+                one_device = False
+            creator, stores_grad = x.creator, x.stores_grad
+            src.append((creator, id(x), x if stores_grad else None, stores_grad))
+            # which inputs' gradients anyone can use: one that requires grad and is kept
+            # (stores_grad), tracked (PyTorch-style) or made by an op; a plain leaf such as the
+            # input batch gets none (eager mode then skips e.g. the first convolution's input
+            # gradient)
             if x.requires_grad:
                 requires_grad = True
                 tracked = tracked or x.tracked
+                needs.append(stores_grad or x.tracked or not isinstance(creator, Dummy))
+            else:
+                needs.append(False)
         self.requires_grad = requires_grad and is_grad_enabled()
         # read back: a NonDifferentiable op pins requires_grad to False (and is never tracked)
-        self.tracked = tracked = tracked and self.requires_grad
-        self.src = [(x.creator, id(x), x if x.stores_grad else None, x.stores_grad) for x in xs]
-        # which inputs' gradients anyone can use: one that requires grad and is kept
-        # (stores_grad), tracked (PyTorch-style) or made by an op; a plain leaf such as the
-        # input batch gets none (eager mode then skips e.g. the first convolution's input grad)
-        self.input_needs_grad = tuple(
-            x.requires_grad and (x.stores_grad or x.tracked or not isinstance(x.creator, Dummy))
-            for x in xs)
-        self.device = dev = xs[0].device if xs else None
+        requires_grad = self.requires_grad
+        self.tracked = tracked = tracked and requires_grad
+        self.src = src
+        self.input_needs_grad = tuple(needs)
+        self.device = dev
         if self.takes_arrays:
-            ys = self.forward(*(x.array for x in xs))
+            ys = self.forward(*[x.array for x in xs])
         else:
-            ys = self.forward(*(x.data for x in xs))
-        if not isinstance(ys, tuple):
-            ys = (ys,)
-        outs = tuple(Tensor(device=dev, data=y, requires_grad=self.requires_grad, creator=self,
-                            name=self.output_name(i)) for i, y in enumerate(ys))
+            ys = self.forward(*[x.data for x in xs])
+        if dev is None:
+            dev, one_device = get_default_device(), False
+        if isinstance(ys, tuple):
+            outs = tuple(self._output(y, i, dev, requires_grad, one_device)
+                         for i, y in enumerate(ys))
+        else:
+            outs = (self._output(ys, 0, dev, requires_grad, one_device),)
         self.y_id2idx = {id(y): i for i, y in enumerate(outs)}
         if tracked:
             for y in outs:
                 y.tracked = True
         return outs
+
+    def _output(self, y: Any, idx: int, device: Any, requires_grad: bool,
+                placed: bool) -> Tensor:
+        """Output ``idx`` of this op as a Tensor; an array (what built-in ops return) skips the
+        general constructor's argument parsing, and its placement check when ``placed`` (every
+        input lives on ``device``, so the kernel ran there)."""
+        if isinstance(y, (jax.Array, jax.core.Tracer)):
+            return result_tensor(y, device, requires_grad, self, self.output_name(idx), placed)
+        return Tensor(device=device, data=y, requires_grad=requires_grad, creator=self,
+                      name=self.output_name(idx))
 
     def _do_backward(self, *dys) -> Tuple[Any, ...]:
         if self.takes_arrays:
@@ -134,18 +161,21 @@ def infer_dependency(op: Operator) -> Tuple[Counter, Counter]:
     its id), and CPython may give its id to a Tensor made later, say a parameter a layer builds
     lazily: keyed by id alone, the two would share one count and the parameter's gradient would
     never be yielded. The creator (alive while the graph is) tells them apart."""
-    return _dependencies([op])
+    op_count, tensor_count = _uses([op], every_tensor=True)
+    return Counter(op_count), Counter(tensor_count)
 
 
-def _dependencies(ops: Sequence[Operator]) -> Tuple[Counter, Counter]:
-    """:func:`infer_dependency` for the graph ending at several operators; RuntimeError when it
-    meets an operator freed by an earlier backward (before any gradient is computed)."""
-    op_count: Counter = Counter()
-    tensor_count: Counter = Counter()
-    queue = deque(ops)
-    queued = set(ops)
-    while queue:
-        cur = queue.pop()
+def _uses(ops: Sequence[Operator], every_tensor: bool = False
+          ) -> Tuple[Dict[Node, int], Dict[Tuple[Node, int], int]]:
+    """For the graph ending at ``ops``: how many uses each node's outputs have, and how many
+    uses each output ``(node, id(tensor))`` has -- only outputs of nodes with several outputs
+    unless ``every_tensor`` (the uses of a node's only output are the node's). RuntimeError when
+    the walk meets an operator freed by an earlier backward (before any gradient is computed)."""
+    node_uses: Dict[Node, int] = {}
+    tensor_uses: Dict[Tuple[Node, int], int] = {}
+    found = list(ops)
+    seen = set(found)
+    for cur in found:  # grows while it is read: a breadth-first walk
         if cur.freed:
             raise RuntimeError(
                 f"backward: the graph through {cur.name} was already freed by an earlier "
@@ -154,12 +184,20 @@ def _dependencies(ops: Sequence[Operator]) -> Tuple[Counter, Counter]:
         for src_op, xid, _, _ in cur.src:
             # an op needing no grad never runs backward: its inputs get nothing through it, so
             # counting them would leave their gradients waiting forever
-            if src_op not in queued and src_op.requires_grad:
-                queued.add(src_op)
-                queue.append(src_op)
-            op_count[src_op] += 1
-            tensor_count[src_op, xid] += 1
-    return op_count, tensor_count
+            if src_op not in seen and src_op.requires_grad:
+                seen.add(src_op)
+                found.append(src_op)
+            node_uses[src_op] = node_uses.get(src_op, 0) + 1
+            if every_tensor or len(src_op.y_id2idx) > 1:
+                tensor_uses[src_op, xid] = tensor_uses.get((src_op, xid), 0) + 1
+    return node_uses, tensor_uses
+
+
+@lru_cache(maxsize=None)
+def _inexact(dtype: Any) -> bool:
+    """Whether ``dtype`` is floating or complex (carries a gradient). Cached per dtype:
+    ``jnp.issubdtype`` costs a microsecond, several times per op."""
+    return bool(jnp.issubdtype(dtype, jnp.inexact))
 
 
 @partial(jax.jit, static_argnums=(1, 2))
@@ -175,14 +213,32 @@ def root_grad(y: Tensor, dy: Any) -> jax.Array:
         dy = dy.array
     elif isinstance(dy, CTensor):
         dy = dy._array
+    dtype = y.dtype if _inexact(y.dtype) else jnp.dtype(jnp.float32)
     if dy is None:
+        if y.size() == 1 and not isinstance(y._data, jax.core.Tracer):  # an eager loss
+            return _unit_gradient(y.shape, dtype)
         dy = 1.0
-    dtype = y.dtype if jnp.issubdtype(y.dtype, jnp.inexact) else jnp.dtype(jnp.float32)
     try:
         return fill_like(dy, y.shape, dtype)
     except (ValueError, TypeError) as e:
         raise ValueError(f"backward: dy of shape {jnp.shape(dy)} does not broadcast to y's shape "
                          f"{y.shape}") from e
+
+
+# ``{(shape, dtype): 1 of that shape and dtype}`` for one-element roots: every backward from a
+# loss needs it, and an array is immutable, so one serves them all instead of a kernel call each
+_UNIT_GRADIENTS: Dict[Tuple[Tuple[int, ...], Any], jax.Array] = {}
+
+
+def _unit_gradient(shape: Tuple[int, ...], dtype: Any) -> jax.Array:
+    """``fill_like(1.0, shape, dtype)``, made once (a tracer, made when a trace is running, is
+    not kept)."""
+    g = _UNIT_GRADIENTS.get((shape, dtype))
+    if g is None:
+        g = fill_like(1.0, shape, dtype)
+        if not isinstance(g, jax.core.Tracer) and len(_UNIT_GRADIENTS) < 64:
+            _UNIT_GRADIENTS[shape, dtype] = g
+    return g
 
 
 def _walks_into(creator: Node) -> bool:
@@ -200,49 +256,57 @@ def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool 
     and marked, so that a later walk through it raises)."""
     wanted = wanted or {}
     ops = list({y.creator: None for y, _ in roots if _walks_into(y.creator)})
-    op_dep, tensor_dep = _dependencies(ops)
-    not_ready: Dict[Node, list] = {}
+    node_uses, tensor_uses = _uses(ops)
+    not_ready: Dict[Node, list] = {}  # node -> gradients of its outputs summed so far
     for y, g in roots:  # a root may also be used by another root's graph: sum, then wait
         grads = not_ready.setdefault(y.creator, [None] * len(y.creator.y_id2idx))
         idx = y.creator.y_id2idx[id(y)]
         grads[idx] = g if grads[idx] is None else grads[idx] + g
-    ready = deque()
+    ready = []
     yielded = set()
     for y, _ in roots:
         key = (y.creator, id(y))
-        if tensor_dep[key] == 0 and key not in yielded and (y.stores_grad or key in wanted):
+        uses = (tensor_uses.get(key, 0) if len(y.creator.y_id2idx) > 1
+                else node_uses.get(y.creator, 0))
+        if uses == 0 and key not in yielded and (y.stores_grad or key in wanted):
             yielded.add(key)
             yield y, not_ready[y.creator][y.creator.y_id2idx[id(y)]], \
                 y.creator.grad_name(y.creator.y_id2idx[id(y)])
     for creator in list(not_ready):
-        if op_dep[creator] == 0:
+        if node_uses.get(creator, 0) == 0:
             if _walks_into(creator):
                 ready.append((creator, not_ready[creator]))
             del not_ready[creator]
     while ready:
         op, dys = ready.pop()
         dxs = op._do_backward(*dys)
-        if len(dxs) != len(op.src):
+        src = op.src
+        if len(dxs) != len(src):
             raise RuntimeError(f"{op.name}: backward returned {len(dxs)} gradients for "
-                               f"{len(op.src)} inputs")
-        for (src_op, x_id, x, x_stores_grad), dx in zip(op.src, dxs):
-            if isinstance(src_op, Dummy) and not x_stores_grad and \
+                               f"{len(src)} inputs")
+        for (src_op, x_id, x, x_stores_grad), dx in zip(src, dxs):
+            if not x_stores_grad and isinstance(src_op, Dummy) and \
                     not (wanted and (src_op, x_id) in wanted):
-                continue
+                continue  # a leaf nobody keeps the gradient of
             grads = not_ready.get(src_op)
             if grads is None:
                 grads = not_ready[src_op] = [None] * len(src_op.y_id2idx)
             y_idx = src_op.y_id2idx[x_id]
+            node_left = node_uses[src_op] - 1
+            node_uses[src_op] = node_left
+            if len(grads) == 1:  # the node's only output: its uses are the node's
+                tensor_left = node_left
+            else:
+                tensor_left = tensor_uses[src_op, x_id] - 1
+                tensor_uses[src_op, x_id] = tensor_left
             if dx is not None:
                 grads[y_idx] = dx if grads[y_idx] is None else grads[y_idx] + dx
-            op_dep[src_op] -= 1
-            tensor_dep[src_op, x_id] -= 1
-            if tensor_dep[src_op, x_id] == 0 and grads[y_idx] is not None:
+            if tensor_left == 0 and grads[y_idx] is not None:
                 if x_stores_grad:
                     yield x, grads[y_idx], src_op.grad_name(y_idx)
                 elif wanted and (src_op, x_id) in wanted:
                     yield wanted[src_op, x_id], grads[y_idx], src_op.grad_name(y_idx)
-            if op_dep[src_op] == 0:
+            if node_left == 0:
                 if _walks_into(src_op):
                     ready.append((src_op, grads))
                 del not_ready[src_op]
@@ -262,7 +326,7 @@ def backward(y: Tensor, dy: Any = None) -> Iterator[Tuple[Tensor, Tensor]]:
     if not isinstance(y, Tensor):
         raise TypeError(f"backward: y must be a Tensor, got {type(y).__name__}")
     for x, g, name in backpropagate([(y, root_grad(y, dy))]):
-        yield x, Tensor(device=x.device, data=g, name=name)
+        yield x, result_tensor(g, x.device, name=name)
 
 
 def gradients(y: Tensor, dy: Any = None) -> Dict[int, Tensor]:

@@ -36,7 +36,7 @@ from ..ctensor import CTensor, as_array
 from ..device import get_default_device
 from ..modes import is_training
 from ..tensor import Tensor
-from .engine import Operator, fill_like
+from .engine import Operator, _inexact, fill_like
 
 __all__ = ["Function", "InvalidInput", "TensorArgsOp", "NonDifferentiable", "make_function", "functional",
            "declare", "as_tensor", "normalize_axis", "host_values", "CTensor", "axis_helper",
@@ -47,8 +47,13 @@ __all__ = ["Function", "InvalidInput", "TensorArgsOp", "NonDifferentiable", "mak
 # --------------------------------------------------------------------------------------------
 # cached kernels
 # --------------------------------------------------------------------------------------------
+_PLAIN = frozenset({int, float, bool, str, type(None)})  # static values hashable as they are
+
+
 def _freeze(v: Any) -> Any:
     """A hashable version of a static argument (lists become tuples)."""
+    if type(v) in _PLAIN:
+        return v
     if isinstance(v, (list, tuple)):
         return tuple(_freeze(e) for e in v)
     if isinstance(v, dict):
@@ -58,6 +63,16 @@ def _freeze(v: Any) -> Any:
     if isinstance(v, np.generic):
         return v.item()
     return v
+
+
+def _static_key(static: Dict[str, Any]) -> Tuple:
+    """An op's static arguments as the kernels' cache key: ``(name, frozen value)`` pairs. Most
+    ops have only plain values (numbers, None, strings): their items are the key as they are."""
+    items = tuple(static.items())
+    for _, v in items:
+        if type(v) not in _PLAIN:
+            return tuple(sorted((k, _freeze(e)) for k, e in items))
+    return items
 
 
 @partial(jax.jit, static_argnums=(0, 1))
@@ -93,22 +108,15 @@ def _pullback(vjp_fn, dys):
     return vjp_fn(dys)
 
 
-def _aval(y: jax.Array) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(y.shape, y.dtype)
-
-
-def _differentiable(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.inexact)
-
-
-def _cotangent(dy, aval) -> Any:
-    """``dy`` made to fit an output: None means zero; integer outputs take float0 zeros."""
-    if not jnp.issubdtype(aval.dtype, jnp.inexact):
-        return np.zeros(aval.shape, jax.dtypes.float0)
+def _cotangent(dy, shape: Tuple[int, ...], dtype: Any) -> Any:
+    """``dy`` made to fit an output of ``shape``/``dtype``: None means zero; integer outputs
+    take float0 zeros."""
+    if not _inexact(dtype):
+        return np.zeros(shape, jax.dtypes.float0)
     if dy is None:
-        return fill_like(0.0, aval.shape, aval.dtype)
-    if getattr(dy, "shape", None) != aval.shape or dy.dtype != aval.dtype:
-        dy = fill_like(dy, aval.shape, aval.dtype)
+        return fill_like(0.0, shape, dtype)
+    if getattr(dy, "shape", None) != shape or dy.dtype != dtype:
+        dy = fill_like(dy, shape, dtype)
     return dy
 
 
@@ -121,6 +129,23 @@ class Function(Operator):
 
     fn: Callable = None  # pure: (*inputs, *reads, [key], **static) -> outputs (+ new state)
     takes_arrays = True  # the engine passes arrays; a direct SINGA-style call may pass CTensors
+    # what the kernels' cache key holds of ``static``: frozen on the first forward (ops never
+    # rewrite their static arguments), so a call does not re-freeze them
+    _static: Optional[Tuple] = None
+    # per forward in training mode: which inputs get a gradient; the outputs' (shape, dtype)
+    # and whether there are several; the inputs' arguments when the engine's call skipped some
+    _diff: Tuple[bool, ...] = ()
+    _out: Tuple[Tuple[Tuple[int, ...], Any], ...] = ()
+    _several_outputs = False
+    _all_inputs = None
+
+    # whether the class declares state (overrides reads, writes or needs_key); set per class
+    _declares_state = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._declares_state = any(getattr(cls, m) is not getattr(Function, m)
+                                  for m in ("reads", "writes", "needs_key"))
 
     def __init__(self, name: Optional[str] = None, **static):
         super().__init__(name)
@@ -148,60 +173,81 @@ class Function(Operator):
     def forward(self, *xs):
         if xs and isinstance(xs[0], CTensor):  # called directly, SINGA style: CTensors in and out
             return _as_ctensors(self.forward(*map(as_array, xs)))
-        extras = tuple(t.array for t in self.reads())
-        if self.needs_key():
-            extras += ((getattr(self, "device", None) or get_default_device()).next_key(),)
-        writes = self.writes()
-        static, fn, args = _freeze(self.static), type(self).fn, xs + extras
+        args, writes = xs, ()
+        if self._declares_state:
+            writes = self.writes()
+            args += tuple(t.array for t in self.reads())
+            if self.needs_key():
+                args += ((getattr(self, "device", None) or get_default_device()).next_key(),)
+        static = self._static
+        if static is None:
+            static = self._static = _static_key(self.static)
         try:
             # backward state is kept in training mode, or whatever the mode when an input
             # depends on a PyTorch-style leaf (``self.tracked``, see autograd.torch_style)
             if self.requires_grad and (self.tracked or is_training()):
-                diff = tuple(map(_differentiable, xs))
-                needs = getattr(self, "input_needs_grad", None)  # set by the engine's call
-                if needs is not None and len(needs) == len(xs) and not all(needs):
-                    # a direct SINGA-style backward may still ask for every input's gradient
-                    self._all_inputs = (args, diff + (False,) * len(extras))
-                    diff = tuple(d and n for d, n in zip(diff, needs))
-                diff += (False,) * len(extras)
-                ys, self._vjp, new_state = _forward_vjp(fn, static, diff, len(writes), *args)
-                self._diff = diff[:len(xs)]
-                if not all(self._diff):  # shapes of the inputs that get no gradient
+                diff, every = self._differentiated(xs)
+                extras = (False,) * (len(args) - len(xs))
+                ys, vjp, new_state = _forward_vjp(type(self).fn, static, diff + extras,
+                                                  len(writes), *args)
+                self._vjp, self._diff = vjp, diff
+                # a direct SINGA-style backward may still ask for the skipped inputs' gradients
+                self._all_inputs = None if every is None else (args, every + extras)
+                if not all(diff):  # shapes of the inputs that get no gradient
                     self._no_grad_shapes = {i: x.shape for i, x in enumerate(xs) if not diff[i]}
-                self._out = tuple(map(_aval, ys)) if isinstance(ys, tuple) else _aval(ys)
+                if isinstance(ys, tuple):
+                    self._out, self._several_outputs = tuple((y.shape, y.dtype) for y in ys), True
+                else:
+                    self._out, self._several_outputs = ((ys.shape, ys.dtype),), False
             else:
-                ys, new_state = _split_state(_forward(fn, static, *args), len(writes))
+                ys, new_state = _split_state(_forward(type(self).fn, static, *args), len(writes))
         except (TypeError, ValueError) as e:
             raise _op_error(type(self).__name__, args, self.static, e) from None
         for t, value in zip(writes, new_state):
             t.array = value
         return ys
 
+    def _differentiated(self, xs: tuple) -> Tuple[Tuple[bool, ...], Optional[Tuple[bool, ...]]]:
+        """Which inputs the pullback differentiates: those of a floating dtype whose gradient
+        someone can use (the engine's ``input_needs_grad``); and, when that skips some
+        differentiable input, every differentiable input (else None)."""
+        every = tuple([_inexact(x.dtype) for x in xs])
+        needs = self.input_needs_grad  # set by the engine's call; None for a direct call
+        if needs is None or len(needs) != len(xs) or all(needs):
+            return every, None
+        diff = tuple([d and n for d, n in zip(every, needs)])
+        return diff, (None if diff == every else every)
+
     def backward(self, *dys):
         if not dys or isinstance(dys[0], CTensor):
             return self._singa_backward(dys)
-        if self._vjp is None:
+        vjp = self._vjp
+        if vjp is None:
             raise RuntimeError(
                 f"{type(self).__name__}.backward: no forward state; run the forward pass with "
                 f"autograd.training = True (and an input that requires grad) before backward")
-        if isinstance(self._out, tuple):
-            cts = tuple(_cotangent(d, a) for d, a in zip(dys, self._out))
+        if self._several_outputs:
+            cts = tuple(_cotangent(d, *spec) for d, spec in zip(dys, self._out))
         else:
-            cts = _cotangent(dys[0], self._out)
+            cts = _cotangent(dys[0], *self._out[0])
         # the pullback is kept: the graph may be back-propagated again (release() drops it)
-        grads = iter(_pullback(self._vjp, cts))
-        return tuple(next(grads) if d else None for d in self._diff)
+        grads = _pullback(vjp, cts)
+        diff = self._diff
+        if len(grads) == len(diff):  # every input gets its gradient
+            return grads
+        grads = iter(grads)
+        return tuple(next(grads) if d else None for d in diff)
 
     def _singa_backward(self, dys: tuple):
         """``backward`` called directly, SINGA style (``y.creator.backward(dy.data)``; a loss's
         dy defaults to 1): CTensors in, CTensors out -- one per input of the op as SINGA built it
         (not the tensor arguments appended to it), zeros for an input without gradient (integer
         indices), and a single CTensor for a single input."""
-        if getattr(self, "_all_inputs", None) is not None and self._vjp is not None:
+        if self._all_inputs is not None and self._vjp is not None:
             # the engine's call skipped inputs nobody needed a gradient for; SINGA's direct
             # call wants them all: redo the forward's vjp over every differentiable input
             args, diff = self._all_inputs
-            _, self._vjp, _ = _forward_vjp(type(self).fn, _freeze(self.static), diff,
+            _, self._vjp, _ = _forward_vjp(type(self).fn, self._static, diff,
                                            len(self.writes()), *args)
             self._diff, self._all_inputs = diff[:len(self._diff)], None
         dxs = self.backward(*(map(as_array, dys) if dys else (1.0,)))  # overrides answer too

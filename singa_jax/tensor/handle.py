@@ -837,4 +837,27 @@ class SharedTensor(Tensor):
         self._storage._data = value
 
 
+def result_tensor(array: jax.Array, device: Device, requires_grad: bool = True,
+                  creator: Any = None, name: Optional[str] = None,
+                  placed: bool = False) -> Tensor:
+    """``Tensor(data=array, device=device, requires_grad=..., creator=..., name=...)`` for an
+    array an op or a pullback just computed (or a tracer), without the general constructor's
+    argument parsing (autograd makes one per op output and per gradient). ``placed`` says the
+    array is on ``device`` already (a kernel's output from inputs all on it: a Tensor's array
+    lives on its device), which skips the check that would move it. A leaf's Dummy creator is
+    made when first asked for, as for graph mode's results."""
+    t = object.__new__(Tensor)
+    if name is None:
+        name = f"Dummy#{Tensor.tensor_count}"
+        Tensor.tensor_count += 1
+    t.__dict__.update(_data=array if placed else device.put(array), device=device,
+                      requires_grad=bool(requires_grad), stores_grad=False, name=name)
+    if creator is not None:
+        t.creator = creator
+    hook = _current_hook()
+    if hook is not None:
+        hook.created(t)
+    return t
+
+
 PlaceHolder = Tensor  # SINGA's alias

@@ -1,0 +1,290 @@
+"""Eager dispatch fast paths (autograd engine.py and function.py, tensor.handle.result_tensor).
+
+Each op call skips work the general code would do: op outputs and gradients are built without the
+Tensor constructor's argument parsing, static arguments are frozen once per op (plain values as
+they are), only ops that declare state ask for it, and a loss's unit gradient is made once. Here
+the same computations run with the fast paths on and with every one of them turned off; values,
+gradients, state and the recorded graph must be identical, and match NumPy / ``jax.grad``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from typing import Dict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from singa_jax import autograd, device, tensor
+from singa_jax.autograd import engine, function
+from singa_jax.autograd.function import Function
+from singa_jax.creator import Dummy
+from singa_jax.modes import TraceHook, trace_hook
+from singa_jax.tensor import Tensor
+
+pytestmark = pytest.mark.usefixtures("training_mode")
+
+
+def _subclasses(cls: type):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def _general_result(array, device, requires_grad=True, creator=None, name=None,
+                    placed=False) -> Tensor:
+    return Tensor(data=array, device=device, requires_grad=requires_grad, creator=creator,
+                  name=name)
+
+
+def _use_general_paths(monkeypatch) -> None:
+    """Turn every fast path off: outputs and gradients through ``Tensor(...)``, static arguments
+    frozen by the general ``_freeze`` (sorted), declared state asked of every op, the root
+    gradient made by a kernel on each backward."""
+    monkeypatch.setattr(engine, "result_tensor", _general_result)
+    monkeypatch.setattr(function, "_static_key", function._freeze)
+    for cls in _subclasses(Function):
+        monkeypatch.setattr(cls, "_declares_state", True)
+    monkeypatch.setattr(engine, "_unit_gradient",
+                        lambda shape, dtype: engine.fill_like(1.0, shape, dtype))
+
+
+def _recorded_graph(y: Tensor) -> np.ndarray:
+    """The creator graph behind ``y`` as text (op types, inputs' names and flags, outputs'
+    names), with the naming counters left out: they differ between two runs."""
+    lines, seen, stack = [], set(), [y.creator]
+    while stack:
+        op = stack.pop()
+        if op in seen or isinstance(op, Dummy):
+            continue
+        seen.add(op)
+        outs = sorted(op.output_name(i) for i in op.y_id2idx.values())
+        srcs = [(type(c).__name__, c.output_name(c.y_id2idx[xid]), stores, x is not None)
+                for c, xid, x, stores in op.src]
+        lines.append(re.sub(r"#\d+", "#", f"{type(op).__name__} {outs} <- {srcs} "
+                                          f"requires_grad={op.requires_grad}"))
+        stack.extend(c for c, _, _, _ in op.src)
+    return np.array(lines)
+
+
+def _np(t) -> np.ndarray:
+    return np.asarray(t.array if isinstance(t, Tensor) else t)
+
+
+def _inputs() -> Dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return dict(x=rng.normal(size=(8, 5)).astype(np.float32),
+                w=rng.normal(size=(5, 6)).astype(np.float32),
+                b=rng.normal(size=(6,)).astype(np.float32),
+                scale=rng.uniform(0.5, 1.5, size=(6,)).astype(np.float32),
+                shift=rng.normal(size=(6,)).astype(np.float32),
+                emb=rng.normal(size=(7, 2)).astype(np.float32),
+                idx=rng.integers(0, 7, size=(8,)).astype(np.int32),
+                labels=rng.integers(0, 2, size=(8,)).astype(np.int32))
+
+
+def _scenario(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Every kind of op the fast paths meet: a plain input batch (no gradient), declared reads and
+    writes (BatchNorm's running statistics, the loss's target), a keyed op (Dropout), an op with
+    several outputs one of which is unused, integer inputs (Embedding's indices), list-valued
+    static arguments (Reshape), a SINGA-style backward and a PyTorch-style one."""
+    device.get_default_device().SetRandSeed(7)  # Dropout's mask: same key in every run
+    x = Tensor(data=a["x"])
+    w, b = Tensor(data=a["w"], stores_grad=True), Tensor(data=a["b"], stores_grad=True)
+    scale, shift = Tensor(data=a["scale"], stores_grad=True), Tensor(data=a["shift"],
+                                                                     stores_grad=True)
+    emb = Tensor(data=a["emb"], stores_grad=True)
+    idx, labels = Tensor(data=a["idx"], requires_grad=False), Tensor(data=a["labels"])
+    running_mean, running_var = tensor.zeros((6,)), tensor.ones((6,))
+    handle = autograd.BatchNormHandle(0.1, Tensor((8, 6)))
+
+    h = autograd.add_bias(autograd.matmul(x, w), b)
+    h = autograd.batchnorm_2d(handle, h, scale, shift, running_mean, running_var)
+    h = autograd.dropout(h, ratio=0.3)
+    left, right, unused = autograd.split(h, 1, [2, 2, 2])
+    e = autograd.reshape(autograd.embedding(idx, emb), [8, -1])
+    logits = autograd.add(autograd.mul(autograd.relu(left), autograd.tanh(right)), e)
+    loss = autograd.softmax_cross_entropy(logits, labels)
+    out = {"loss": _np(loss), "graph": _recorded_graph(loss), "running_mean": _np(running_mean),
+           "running_var": _np(running_var), "unused": _np(unused)}
+    named = {id(w): "w", id(b): "b", id(scale): "scale", id(shift): "shift", id(emb): "emb"}
+    for p, g in autograd.backward(loss):
+        out[f"grad {named[id(p)]}"] = _np(g)
+        out[f"grad name {named[id(p)]}"] = np.array(re.sub(r"#\d+", "#", g.name))
+    # SINGA style: a matmul's creator backward gives x's gradient too, though the engine's
+    # call skipped it (x is a plain leaf)
+    dy = tensor.from_numpy(np.ones((8, 6), np.float32))
+    out["singa dx"], out["singa dw"] = map(np.asarray, _matmul_creator_backward(x, w, dy))
+    # PyTorch style: gradient with respect to an intermediate result and a parameter
+    t = tensor.tensor(a["x"], requires_grad=True)
+    mid = autograd.tanh(autograd.matmul(t, w))
+    gmid, gt = autograd.grad(autograd.reduce_sum(autograd.mul(mid, mid)), [mid, t])
+    out["torch dmid"], out["torch dt"] = _np(gmid), _np(gt)
+    return out
+
+
+def _matmul_creator_backward(x: Tensor, w: Tensor, dy: Tensor):
+    """SINGA style: ``y = matmul(x, w)``, then ``y.creator.backward(dy.data)`` (CTensors)."""
+    y = autograd.matmul(x, w)
+    return y.creator.backward(dy.data)
+
+
+def test_fast_and_general_paths_give_identical_values_gradients_and_state(monkeypatch):
+    a = _inputs()
+    fast = _scenario(a)
+    _use_general_paths(monkeypatch)
+    general = _scenario(a)
+    assert fast.keys() == general.keys()
+    assert {"grad w", "grad b", "grad scale", "grad shift", "grad emb"} <= fast.keys()
+    for k in fast:
+        np.testing.assert_array_equal(fast[k], general[k], err_msg=k)
+
+
+def test_gradients_match_jax_grad():
+    a = _inputs()
+    x = Tensor(data=a["x"])
+    w, b = Tensor(data=a["w"], stores_grad=True), Tensor(data=a["b"], stores_grad=True)
+    emb = Tensor(data=a["emb"], stores_grad=True)
+    idx = Tensor(data=a["idx"], requires_grad=False)
+    left, right, _ = autograd.split(autograd.add_bias(autograd.matmul(x, w), b), 1, [2, 2, 2])
+    logits = autograd.add(autograd.mul(autograd.relu(left), autograd.tanh(right)),
+                          autograd.reshape(autograd.embedding(idx, emb), [8, -1]))
+    loss = autograd.softmax_cross_entropy(logits, Tensor(data=a["labels"]))
+    grads = {id(p): _np(g) for p, g in autograd.backward(loss)}
+
+    def reference(w, b, emb):
+        h = a["x"] @ w + b
+        z = jax.nn.relu(h[:, :2]) * jnp.tanh(h[:, 2:4]) + emb[a["idx"]]
+        return -jnp.mean(jax.nn.log_softmax(z)[jnp.arange(8), a["labels"]])
+
+    value, want = jax.value_and_grad(reference, argnums=(0, 1, 2))(a["w"], a["b"], a["emb"])
+    np.testing.assert_allclose(_np(loss).reshape(()), value, rtol=1e-5)
+    for p, g in zip((w, b, emb), want):
+        np.testing.assert_allclose(grads[id(p)], g, rtol=1e-5, atol=1e-6)
+
+
+def test_singa_style_direct_calls_on_ctensors(rng):
+    x = rng.normal(size=(3, 4)).astype(np.float32)
+    dy = rng.normal(size=(3, 4)).astype(np.float32)
+    op = autograd.ReLU()
+    y = op.forward(tensor.from_numpy(x).data)  # CTensors in and out, no engine call
+    np.testing.assert_array_equal(np.asarray(y), np.maximum(x, 0))
+    dx = op.backward(tensor.from_numpy(dy).data)
+    np.testing.assert_array_equal(np.asarray(dx), dy * (x > 0))
+    # the matmul's x is a plain leaf: the engine's call skips its gradient, SINGA's does not
+    w = rng.normal(size=(4, 2)).astype(np.float32)
+    g = rng.normal(size=(3, 2)).astype(np.float32)
+    dx, dw = _matmul_creator_backward(Tensor(data=x), Tensor(data=w, stores_grad=True),
+                                tensor.from_numpy(g))
+    np.testing.assert_allclose(np.asarray(dx), g @ w.T, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(dw), x.T @ g, rtol=1e-6)
+
+
+def test_op_outputs_and_gradients_are_the_tensors_the_constructor_makes(rng):
+    x = Tensor(data=rng.normal(size=(2, 3)).astype(np.float32), stores_grad=True)
+    y = autograd.relu(x)
+    like = Tensor(data=y.array, device=y.device, requires_grad=y.requires_grad,
+                  creator=y.creator, name=y.name)
+    assert vars(y).keys() == vars(like).keys()
+    assert all(getattr(y, k) is getattr(like, k) for k in vars(y) if k != "name")
+    assert y.name == like.name == f"{y.creator.name}:0" and y.creator.y_id2idx == {id(y): 0}
+    (p, g), = autograd.backward(autograd.reduce_sum(y))
+    assert p is x and g.name == f"{x.name}_g" and g.requires_grad and not g.stores_grad
+    assert isinstance(g.creator, Dummy) and g.creator.name == g.name and g.device is x.device
+    np.testing.assert_array_equal(_np(g), (_np(x) > 0).astype(np.float32))
+
+
+def test_graph_mode_hook_sees_every_op_output_created(rng):
+    class Recorder(TraceHook):
+        def __init__(self):
+            self.made = []
+
+        def created(self, t):
+            self.made.append(t)
+
+    hook = Recorder()
+    x = Tensor(data=rng.normal(size=(2, 3)).astype(np.float32), stores_grad=True)
+    with trace_hook(hook):
+        parts = autograd.split(x, 1, [1, 2])
+        s = autograd.reduce_sum(autograd.relu(parts[1]))
+        grads = [g for _, g in autograd.backward(s)]
+    # in order: split's two outputs, relu's, sum's, then x's gradient
+    relu_out = s.creator.src[0][0].y_id2idx
+    assert [id(t) for t in hook.made] == [id(parts[0]), id(parts[1]), *relu_out, id(s),
+                                          id(grads[0])]
+
+
+def test_a_loss_unit_gradient_is_one_and_never_a_kept_tracer(monkeypatch, rng):
+    monkeypatch.setattr(engine, "_UNIT_GRADIENTS", {})
+    x = Tensor(data=rng.normal(size=(3, 4)).astype(np.float32), stores_grad=True)
+    loss = autograd.reduce_mean(autograd.mul(x, x))  # one element, shape (1, 1)
+    explicit = [_np(g) for _, g in autograd.backward(loss, tensor.ones((1, 1)))]
+    # inside a trace the unit gradient is a tracer: used there, not kept for later calls
+    traced = jax.jit(lambda: [g.array for _, g in autograd.backward(loss)])()
+    assert not any(isinstance(g, jax.core.Tracer) for g in engine._UNIT_GRADIENTS.values())
+    default = [_np(g) for _, g in autograd.backward(loss)]
+    assert len(engine._UNIT_GRADIENTS) == 1  # made by the eager backward, kept
+    again = [_np(g) for _, g in autograd.backward(loss)]
+    for got in (traced, default, again):
+        np.testing.assert_allclose(np.asarray(got[0]), explicit[0], rtol=1e-6)
+    np.testing.assert_allclose(explicit[0], 2 * _np(x) / x.size(), rtol=1e-6)
+
+
+def test_static_arguments_plain_or_not_select_the_same_kernel_results(rng):
+    x = Tensor(data=rng.normal(size=(4, 6)).astype(np.float32), stores_grad=True)
+    # plain statics (kept as they are) and list / NumPy ones (frozen) alike
+    y1 = autograd.reshape(x, [3, -1])
+    y2 = autograd.reshape(x, np.array([3, 8]))
+    y3 = autograd.reduce_sum(x, axes=[1], keepdims=0)
+    y4 = autograd.reduce_sum(x, axes=None, keepdims=1)
+    np.testing.assert_array_equal(_np(y1), _np(x).reshape(3, 8))
+    np.testing.assert_array_equal(_np(y2), _np(x).reshape(3, 8))
+    np.testing.assert_allclose(_np(y3), _np(x).sum(1), rtol=1e-6)
+    np.testing.assert_allclose(_np(y4), _np(x).sum(keepdims=True), rtol=1e-6)
+    assert dict(y2.creator._static) == {"shape": (3, 8)}  # NumPy values frozen to tuples
+    assert y4.creator._static == (("axes", None), ("keepdims", 1))  # plain: items as they are
+
+
+def test_only_ops_that_declare_state_fetch_it():
+    assert not autograd.ReLU._declares_state and not autograd.ReduceSum._declares_state
+    assert autograd.Dropout._declares_state  # needs_key
+    assert autograd.SoftMaxCrossEntropy._declares_state  # reads its target
+    from singa_jax.autograd.nn import _BatchNorm2d
+    assert _BatchNorm2d._declares_state  # reads and writes the running statistics
+
+
+TWO_DEVICES = textwrap.dedent("""
+    import numpy as np
+    from singa_jax import autograd, device, tensor
+    autograd.training = True
+    d0, d1 = device.create_cpu_devices(2)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x = tensor.from_numpy(a, d1)
+    x.stores_grad = x.requires_grad = True
+    y = autograd.relu(x)  # inputs all on d1: the output is there, unchecked
+    assert y.device is d1 and y.array.devices() == {d1.jax_device}
+    (p, g), = autograd.backward(autograd.reduce_sum(y))
+    assert g.device is d1 and g.array.devices() == {d1.jax_device}
+    np.testing.assert_array_equal(tensor.to_numpy(g), (a > 0).astype(np.float32))
+    # inputs on two devices: refused, as before
+    try:
+        autograd.add(tensor.from_numpy(a, d0), tensor.from_numpy(a, d1))
+    except ValueError as e:
+        assert "Add" in str(e) and "devices" in str(e), e
+    else:
+        raise AssertionError("an op across devices did not raise")
+    print("OK")
+""")
+
+
+def test_outputs_live_on_their_inputs_device_with_two_devices():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", TWO_DEVICES], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
