@@ -11,8 +11,9 @@ operators ``+ - * / ** @`` and unary ``-`` record when an operand is tracked (a 
 ``requires_grad_()`` or ``tensor(..., requires_grad=True)``, or a result of one); see
 :mod:`singa_jax.autograd.torch_style`.
 
-Layout: :mod:`.handle` holds the Tensor class, :mod:`.functions` SINGA's module functions; the
-dtype constants live in :mod:`singa_jax.dtypes`, the random sampling in :mod:`singa_jax.sampling`
+Layout: :mod:`.handle` holds the Tensor class, :mod:`.operands` the arithmetic behind its
+operators (and SINGA's ``mult``, ``copy_data_to_from``), :mod:`.functions` SINGA's module
+functions; the dtype constants live in :mod:`singa_jax.dtypes`, the random sampling in :mod:`singa_jax.sampling`
 and the creator bookkeeping (``Dummy``) in :mod:`singa_jax.creator`. This module re-exports every
 public name SINGA's ``tensor`` has. See ``docs/tensors.md`` for the mapping onto JAX and the
 differences from SINGA.
@@ -22,7 +23,8 @@ from ..device import get_default_device  # noqa: F401 (SINGA's tensor module imp
 from ..dtypes import (bfloat16, bool_, float16, float32, float64, int8, int16, int32, int64,
                       singa_dtype_code, sizeof, to_dtype, uint8)
 from ..modes import TraceHook
-from .handle import InvalidIndex, PlaceHolder, SharedTensor, Tensor, copy_data_to_from, mult
+from .handle import InvalidIndex, PlaceHolder, SharedTensor, Tensor
+from .operands import copy_data_to_from, mult
 from .functions import _call_singa_func  # noqa: F401 (SINGA's private helper, used by its tests)
 from .functions import (
     from_raw_tensor, from_raw_tensors, from_numpy, tensor, from_jax, from_dlpack, to_numpy,

@@ -12,8 +12,9 @@ import numpy as np
 from ..ctensor import CTensor
 from ..dtypes import float32, to_dtype
 from ..device import Device, device_of, get_default_device
-from .handle import (ShapeLike, Tensor, _as_shape, _binary, _broadcast, _check_tensor, _filled,
-                     _line, _result, _same_device, _shape_errors, _to_scalar)
+from .handle import ShapeLike, Tensor, _as_shape, _filled
+from .operands import (_binary, _broadcast, _check_tensor, _line, _result, _same_device,
+                       _shape_errors, _to_scalar)
 
 
 def from_raw_tensor(t: Any) -> Tensor:

@@ -1,0 +1,166 @@
+"""The arithmetic behind :class:`~singa_jax.tensor.handle.Tensor`'s operators and SINGA's tensor
+functions: operand checks (type, device), NumPy broadcasting with errors that name the op, the
+binary-op helper, writing results into SINGA's ``out=`` tensors, and SINGA's ``mult`` and
+``copy_data_to_from``.
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+from typing import Any, Callable, Iterator, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .handle import Tensor, _is_array
+
+__all__ = ["copy_data_to_from", "mult"]
+
+
+def _to_scalar(x: jax.Array):
+    """A Python float of a 0-d result (SINGA returns floats); the array itself while tracing."""
+    return x if isinstance(x, jax.core.Tracer) else float(x)
+
+
+def _write_flat(arr: jax.Array, offset: int, values: jax.Array) -> jax.Array:
+    """``arr`` with its flattened elements ``offset ...`` replaced by ``values``."""
+    if offset == 0 and values.size == arr.size:
+        return values.reshape(arr.shape)
+    return arr.reshape(-1).at[offset:offset + values.size].set(values).reshape(arr.shape)
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"Tensor of shape {x.shape}, dtype {x.dtype} on {x.device}"
+    return f"{type(x).__name__} of shape {np.shape(x)}"
+
+
+def _same_device(op: str, *tensors: Tensor) -> None:
+    first = tensors[0]
+    for t in tensors[1:]:
+        if t.device.jax_device != first.device.jax_device:
+            raise ValueError(f"{op}: operands are on different devices: {_describe(first)} and "
+                             f"{_describe(t)}; move one with Tensor.to_device()")
+
+
+def _check_tensor(op: str, name: str, x: Any) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
+    return x
+
+
+def _operand(op: str, t: Tensor, x: Any):
+    """``x`` as an operand of ``t`` in ``op``: its array (same device enforced) or a scalar/array;
+    NotImplemented for other types, so Python can try the other operand's operator."""
+    if isinstance(x, Tensor):
+        _same_device(op, t, x)
+        return x.array
+    if isinstance(x, (bool, int, float)):
+        return x
+    if isinstance(x, np.generic):
+        return x.item()  # a Python scalar stays weakly typed: it does not promote t's dtype
+    if isinstance(x, np.ndarray) or _is_array(x):
+        return x
+    return NotImplemented
+
+
+def _broadcast(op: str, a: Tuple[int, ...], b: Tuple[int, ...]) -> Tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+    except ValueError:
+        raise ValueError(f"{op}: shapes {tuple(a)} and {tuple(b)} do not broadcast together "
+                         f"(NumPy broadcasting rules)") from None
+
+
+@contextlib.contextmanager
+def _shape_errors(op: str, *operands: Any) -> Iterator[None]:
+    """Re-raise JAX's complaints about operand shapes (TypeError or ValueError there) as a
+    ValueError naming ``op`` and the operands."""
+    try:
+        yield
+    except jax.errors.ConcretizationTypeError:
+        raise
+    except (TypeError, ValueError) as e:
+        described = "; ".join(_describe(x) for x in operands)
+        raise ValueError(f"{op}: {e} (operands: {described})") from e
+
+
+def _binary(op: str, fn: Callable, lhs: Tensor, rhs: Any, reflected: bool = False):
+    """``fn(lhs, rhs)`` on arrays (``fn(rhs, lhs)`` if reflected) with NumPy broadcasting."""
+    b = _operand(op, lhs, rhs)
+    if b is NotImplemented:
+        return b
+    _broadcast(op, lhs.shape, jnp.shape(b))
+    return fn(b, lhs.array) if reflected else fn(lhs.array, b)
+
+
+def _store(op: str, out: Tensor, arr: jax.Array) -> Tensor:
+    """Write ``arr`` into ``out`` (SINGA's ``ret=``/``out=``/``C=``): same shape, out's dtype."""
+    _check_tensor(op, "the output", out)
+    if tuple(arr.shape) != out.shape:
+        raise ValueError(f"{op}: result of shape {tuple(arr.shape)} does not fit the output "
+                         f"tensor of shape {out.shape}")
+    out.array = out.device.put(arr.astype(out.dtype))
+    return out
+
+
+def _result(op: str, like: Tensor, arr: Any, out: Optional[Tensor]) -> Tensor:
+    if arr is NotImplemented:
+        raise TypeError(f"{op}: unsupported operand; expected a Tensor, a number or an array")
+    return like._new(arr) if out is None else _store(op, out, arr)
+
+
+def _as_tensor_like(x: Any, like: Tensor) -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    return Tensor(data=jnp.asarray(x), device=like.device)
+
+
+def _line(op: str, M: Tensor, v: Any, axis: int) -> jax.Array:
+    """``v`` as a column (axis 0) or row (axis 1) of the 2-d tensor ``M``, for broadcasting."""
+    _check_tensor(op, "M", M)
+    _check_tensor(op, "v", v)
+    if M.ndim() != 2:
+        raise ValueError(f"{op}: expects a 2-d tensor, got shape {M.shape}")
+    _same_device(op, M, v)
+    n = M.shape[axis]
+    if v.size() != n:
+        kind = "column" if axis == 0 else "row"
+        raise ValueError(f"{op}: v of shape {v.shape} must have {n} elements to be a {kind} of a "
+                         f"tensor of shape {M.shape}")
+    return v.array.reshape((n, 1) if axis == 0 else (1, n))
+
+
+def copy_data_to_from(dst: Tensor, src: Tensor, size: int, dst_offset: int = 0,
+                      src_offset: int = 0) -> None:
+    """Copy ``size`` elements of ``src`` (from flat position ``src_offset``) into ``dst`` (from
+    ``dst_offset``); the tensors may be on different devices."""
+    op = "copy_data_to_from"
+    _check_tensor(op, "dst", dst)
+    _check_tensor(op, "src", src)
+    if (builtins.min(size, dst_offset, src_offset) < 0 or src_offset + size > src.size()
+            or dst_offset + size > dst.size()):
+        raise ValueError(f"{op}: cannot copy {size} elements from offset {src_offset} of a tensor "
+                         f"of shape {src.shape} to offset {dst_offset} of a tensor of shape "
+                         f"{dst.shape}")
+    values = src.array.reshape(-1)[src_offset:src_offset + size].astype(dst.dtype)
+    dst.array = _write_flat(dst.array, dst_offset, dst.device.put(values))
+
+
+def mult(A: Tensor, B: Tensor, C: Optional[Tensor] = None, alpha: float = 1.0,
+         beta: float = 0.0) -> Tensor:
+    """``alpha * A @ B`` (matrix-matrix, matrix-vector or batched), or in place
+    ``C = alpha * A @ B + beta * C`` when ``C`` is given (then returned)."""
+    _check_tensor("mult", "A", A)
+    _check_tensor("mult", "B", B)
+    _same_device("mult", A, B)
+    with _shape_errors("mult", A, B):
+        prod = jnp.matmul(A.array, B.array)
+    if alpha != 1.0:
+        prod = alpha * prod
+    if C is None:
+        return A._new(prod)
+    _same_device("mult", A, _check_tensor("mult", "C", C))
+    # BLAS ignores C when beta is 0, so NaNs in C do not leak in
+    return _store("mult", C, prod if beta == 0 else prod + beta * C.array)
