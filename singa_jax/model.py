@@ -191,9 +191,11 @@ class Model(Layer, metaclass=ModelMeta):
         if not graph:
             with self._transaction(declared, optimizers, arrays=True):
                 return fn(*args, **kwargs)
-        for optimizer in optimizers:  # report the last step's skips, and drop the state array
-            optimizer._warn_skipped_steps(release=True)  # kept for it (held, it would be copied
-        runner = self._graph_runner                      # rather than donated)
+        # Report the last step's skipped updates and drop the state array kept for that report:
+        # held across the step, it would be copied rather than donated.
+        for optimizer in optimizers:
+            optimizer._warn_skipped_steps(release=True)
+        runner = self._graph_runner
         runner.spmd = spmd_of(static)  # a DistOpt's step runs as one SPMD program
         # A cached program runs no Python op code (no mode to set) and changes nothing unless it
         # runs to the end: only a call that traces needs the transaction.

@@ -17,7 +17,7 @@ with the graph. PyTorch-style entry points (``Tensor.backward``, ``autograd.grad
 from __future__ import annotations
 
 from collections import Counter
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import jax
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from ..creator import Dummy, Node  # noqa: F401
 from ..ctensor import CTensor, as_array
 from ..device import get_default_device
+from ..dtypes import is_inexact
 from ..modes import is_grad_enabled, is_training
 from ..tensor import Tensor
 from ..tensor.handle import result_tensor
@@ -193,13 +194,6 @@ def _uses(ops: Sequence[Operator], every_tensor: bool = False
     return node_uses, tensor_uses
 
 
-@lru_cache(maxsize=None)
-def _inexact(dtype: Any) -> bool:
-    """Whether ``dtype`` is floating or complex (carries a gradient). Cached per dtype:
-    ``jnp.issubdtype`` costs a microsecond, several times per op."""
-    return bool(jnp.issubdtype(dtype, jnp.inexact))
-
-
 @partial(jax.jit, static_argnums=(1, 2))
 def fill_like(value, shape: Tuple[int, ...], dtype) -> jax.Array:
     """``value`` (a number or array) broadcast to ``shape``/``dtype``, as one cached kernel: an
@@ -213,7 +207,7 @@ def root_grad(y: Tensor, dy: Any) -> jax.Array:
         dy = dy.array
     elif isinstance(dy, CTensor):
         dy = dy._array
-    dtype = y.dtype if _inexact(y.dtype) else jnp.dtype(jnp.float32)
+    dtype = y.dtype if is_inexact(y.dtype) else jnp.dtype(jnp.float32)
     if dy is None:
         if y.size() == 1 and not isinstance(y._data, jax.core.Tracer):  # an eager loss
             return _unit_gradient(y.shape, dtype)

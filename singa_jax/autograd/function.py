@@ -36,7 +36,8 @@ from ..ctensor import CTensor, as_array
 from ..device import get_default_device
 from ..modes import is_training
 from ..tensor import Tensor
-from .engine import Operator, _inexact, fill_like
+from ..dtypes import is_inexact
+from .engine import Operator, fill_like
 
 __all__ = ["Function", "InvalidInput", "TensorArgsOp", "NonDifferentiable", "make_function", "functional",
            "declare", "as_tensor", "normalize_axis", "host_values", "CTensor", "axis_helper",
@@ -111,7 +112,7 @@ def _pullback(vjp_fn, dys):
 def _cotangent(dy, shape: Tuple[int, ...], dtype: Any) -> Any:
     """``dy`` made to fit an output of ``shape``/``dtype``: None means zero; integer outputs
     take float0 zeros."""
-    if not _inexact(dtype):
+    if not is_inexact(dtype):
         return np.zeros(shape, jax.dtypes.float0)
     if dy is None:
         return fill_like(0.0, shape, dtype)
@@ -211,7 +212,7 @@ class Function(Operator):
         """Which inputs the pullback differentiates: those of a floating dtype whose gradient
         someone can use (the engine's ``input_needs_grad``); and, when that skips some
         differentiable input, every differentiable input (else None)."""
-        every = tuple([_inexact(x.dtype) for x in xs])
+        every = tuple([is_inexact(x.dtype) for x in xs])
         needs = self.input_needs_grad  # set by the engine's call; None for a direct call
         if needs is None or len(needs) != len(xs) or all(needs):
             return every, None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -21,6 +21,7 @@ import numpy as np
 from .. import tensor as _tensor
 from ..autograd.engine import backward as _backward
 from ..device import Device
+from ..dtypes import is_inexact
 from ..modes import current_trace_hook
 from ..tensor import Tensor
 from .schedules import _HYPER_SPECS, DecayScheduler, _advance, _as_schedule, _eval_schedules
@@ -145,13 +146,6 @@ def _advance_unless_skipped(schedules: Tuple[DecayScheduler, ...], step: jax.Arr
     counter, every schedule's value there and ``skip_state`` with ``pending`` cleared."""
     nxt = step + (1 - skip_state[1])
     return nxt, tuple(s.value(nxt) for s in schedules), skip_state.at[1].set(0.0)
-
-
-@lru_cache(maxsize=None)
-def _inexact(dtype: Any) -> bool:
-    """Whether ``dtype`` is floating point (or complex); cached: ``jnp.issubdtype`` costs about a
-    microsecond, several times per parameter and step."""
-    return bool(jnp.issubdtype(dtype, jnp.inexact))
 
 
 def _read_direct(t: Tensor) -> jax.Array:
@@ -548,7 +542,7 @@ class Optimizer:
         # the arrays' metadata is read directly: cheaper than the properties, and no value is
         # read (graph mode's trace hook needs to see values only)
         pa, ga = p._data, g._data
-        if not (_inexact(pa.dtype) and _inexact(ga.dtype)):
+        if not (is_inexact(pa.dtype) and is_inexact(ga.dtype)):
             raise TypeError(f"{owner}: param {name!r} ({pa.dtype}) and its grad ({ga.dtype}) must "
                             f"be floating point")
         if pa.shape != ga.shape:
@@ -585,7 +579,7 @@ class Optimizer:
         step = self.step_counter.array
         guard = self._guarded()
         checked = ()
-        if guard and isinstance(loss, Tensor) and _inexact(loss.dtype):
+        if guard and isinstance(loss, Tensor) and is_inexact(loss.dtype):
             checked = (loss.array,)
         traced = current_trace_hook() is not None
         read = _read_traced if traced else _read_direct
