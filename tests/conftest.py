@@ -1,4 +1,8 @@
 """Shared pytest fixtures (keep tiny)."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -26,3 +30,16 @@ def _modes_reset_after_each_test():
     yield
     from singa_jax import modes
     modes.set_training(False)
+
+
+@pytest.fixture
+def run_on_two_host_devices():
+    """``run(script)``: run the Python ``script`` in a fresh process with two host CPU devices
+    and assert that it ends by printing OK (its stderr is shown when it does not)."""
+    def run(script: str) -> None:
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                   JAX_PLATFORMS="cpu")
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
+    return run
