@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64", "uint8",
-           "bool_", "to_dtype", "singa_dtype_code", "sizeof", "is_inexact"]
+           "bool_", "to_dtype", "singa_dtype_code", "sizeof"]
 
 float16 = np.dtype("float16")
 float32 = np.dtype("float32")
@@ -64,7 +64,7 @@ def sizeof(dtype: Any) -> int:
 
 
 @lru_cache(maxsize=None)
-def is_inexact(dtype: Any) -> bool:
+def is_inexact(dtype: Any) -> bool:  # singa_jax's own helper: not in __all__ (SINGA's surface)
     """Whether ``dtype`` is floating point or complex (what carries a gradient). Cached per
     dtype: ``jnp.issubdtype`` costs about a microsecond, and eager ops and the optimizer ask
     several times per op and parameter."""
