@@ -13,14 +13,24 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(0)
 
 
+def _with_training_flag(value: bool):
+    from singa_jax import autograd
+    saved = autograd.training
+    autograd.training = value
+    yield
+    autograd.training = saved
+
+
 @pytest.fixture
 def training_mode():
     """Run a test with ``autograd.training = True`` and restore the flag afterwards."""
-    from singa_jax import autograd
-    saved = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = saved
+    yield from _with_training_flag(True)
+
+
+@pytest.fixture
+def eval_mode():
+    """Run a test with ``autograd.training = False`` and restore the flag afterwards."""
+    yield from _with_training_flag(False)
 
 
 @pytest.fixture(autouse=True)

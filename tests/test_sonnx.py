@@ -29,12 +29,7 @@ def t(a):
     return tensor.Tensor(data=np.asarray(a))
 
 
-@pytest.fixture(autouse=True)
-def eval_mode():
-    saved = autograd.training
-    autograd.training = False
-    yield
-    autograd.training = saved
+pytestmark = pytest.mark.usefixtures("eval_mode")  # conftest: autograd.training = False
 
 
 def check_round_trip(inputs, y, opset=None, atol=1e-5, batch_free=True):

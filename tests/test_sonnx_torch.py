@@ -93,12 +93,7 @@ def ort_run(m, x):
     return sess.run(None, {"x": x})[0]
 
 
-@pytest.fixture(autouse=True)
-def eval_mode():
-    saved = autograd.training
-    autograd.training = False
-    yield
-    autograd.training = saved
+pytestmark = pytest.mark.usefixtures("eval_mode")  # conftest: autograd.training = False
 
 
 @pytest.mark.parametrize("net, shape, opset", [

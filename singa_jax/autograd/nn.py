@@ -46,19 +46,25 @@ def _conv2d_kernel(x, W, b=None, *, stride: Pair, padding: Pair, dilation: Pair,
     """
     top, bottom, left, right = odd_padding
     pads = ((padding[0] + top, padding[0] + bottom), (padding[1] + left, padding[1] + right))
-    if group > 1 and group == x.shape[1] and jax.default_backend() == "cpu":
-        y = _depthwise_conv(x, W, tuple(stride), pads, tuple(dilation))
+
+    def grouped(x, W):
+        return lax.conv_general_dilated(x, W, window_strides=stride, padding=pads,
+                                        rhs_dilation=dilation,
+                                        dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                        feature_group_count=group)
+
+    if group > 1 and group == x.shape[1]:  # depthwise: its own form on CPU, chosen at lowering
+        y = lax.platform_dependent(
+            x, W, cpu=lambda x, W: _depthwise_conv(x, W, tuple(stride), pads, tuple(dilation)),
+            default=grouped)
     else:
-        y = lax.conv_general_dilated(x, W, window_strides=stride, padding=pads,
-                                     rhs_dilation=dilation,
-                                     dimension_numbers=("NCHW", "OIHW", "NCHW"),
-                                     feature_group_count=group)
+        y = grouped(x, W)
     if b is not None:
         y = y + b.reshape(1, -1, 1, 1).astype(y.dtype)
     return y
 
 
-def _depthwise_conv(x, W, stride: Pair, pads, dilation: Pair):
+def _depthwise_shifts(x, W, stride: Pair, pads, dilation: Pair):
     """A depthwise convolution (one input channel per group; output channel o reads input channel
     o // multiplier) as a sum of kh*kw shifted, strided slices of the padded input scaled per
     channel: y[n, o, h, w] = sum_{i, j} W[o, 0, i, j] * xpad[n, o // m, s*h + d*i, s*w + d*j].
@@ -67,7 +73,8 @@ def _depthwise_conv(x, W, stride: Pair, pads, dilation: Pair):
     feature_group_count == channels, and above all its weight gradient, is 5-10x slower than
     these elementwise ops (Xception's separable convolutions: a 3x3 depthwise forward+backward
     on 8x128x147x147 takes 3.4 s as a grouped convolution, 0.64 s as shifts), so the CPU backend
-    takes this form; GPU/TPU keep their depthwise convolution kernels."""
+    takes this form (``lax.platform_dependent``: chosen when the program is lowered for its
+    device); GPU/TPU keep their depthwise convolution kernels."""
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (dh, dw) = W.shape[2:], stride, dilation
     multiplier = W.shape[0] // c
@@ -85,6 +92,26 @@ def _depthwise_conv(x, W, stride: Pair, pads, dilation: Pair):
             term = window * W[:, 0, i, j].reshape(1, -1, 1, 1)
             y = term if y is None else y + term
     return y
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _depthwise_conv(x, W, stride: Pair, pads, dilation: Pair):
+    """:func:`_depthwise_shifts` whose backward keeps only ``x`` and ``W``: differentiated as
+    written, each of the kh*kw shifted slices of the input would be a residual of the size of
+    the activation (kept between an eager op's forward and backward kernels)."""
+    return _depthwise_shifts(x, W, stride, pads, dilation)
+
+
+def _depthwise_conv_fwd(x, W, stride: Pair, pads, dilation: Pair):
+    return _depthwise_shifts(x, W, stride, pads, dilation), (x, W)
+
+
+def _depthwise_conv_bwd(stride: Pair, pads, dilation: Pair, residuals, dy):
+    x, W = residuals
+    _, pullback = jax.vjp(lambda x, W: _depthwise_shifts(x, W, stride, pads, dilation), x, W)
+    return pullback(dy)
+
+
+_depthwise_conv.defvjp(_depthwise_conv_fwd, _depthwise_conv_bwd)
 
 
 def _replicate_odd_pad(x, odd_padding):

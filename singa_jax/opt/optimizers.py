@@ -9,6 +9,7 @@ docstring (:mod:`singa_jax.opt`).
 """
 from __future__ import annotations
 
+import operator
 import warnings
 import weakref
 from functools import partial
@@ -146,22 +147,6 @@ def _advance_unless_skipped(schedules: Tuple[DecayScheduler, ...], step: jax.Arr
     counter, every schedule's value there and ``skip_state`` with ``pending`` cleared."""
     nxt = step + (1 - skip_state[1])
     return nxt, tuple(s.value(nxt) for s in schedules), skip_state.at[1].set(0.0)
-
-
-def _read_direct(t: Tensor) -> jax.Array:
-    return t._data
-
-
-def _write_direct(t: Tensor, value: jax.Array) -> None:
-    t._data = value  # a kernel output, on the device of its inputs: the setter's checks hold
-
-
-def _read_traced(t: Tensor) -> Any:
-    return t.array  # through the property: graph mode's trace hook sees the read
-
-
-def _write_traced(t: Tensor, value: Any) -> None:
-    t.array = value
 
 
 class NonFiniteStepWarning(RuntimeWarning):
@@ -581,9 +566,11 @@ class Optimizer:
         checked = ()
         if guard and isinstance(loss, Tensor) and is_inexact(loss.dtype):
             checked = (loss.array,)
-        traced = current_trace_hook() is not None
-        read = _read_traced if traced else _read_direct
-        write = _write_traced if traced else _write_direct
+        # outside a trace the arrays are read and rebound directly (the kernel's outputs are on
+        # its inputs' device, so the property's checks hold); a trace goes through the property,
+        # whose hook must see every read and write
+        field = "array" if current_trace_hook() is not None else "_data"
+        read = operator.attrgetter(field)
         for dev, idx in by_device.items():
             # with params on several devices, each device's kernel decides (and counts) alone
             h, s, c = hyper, step, checked
@@ -598,9 +585,9 @@ class Optimizer:
                 [read(triples[i][1]) for i in idx], [read(triples[i][2]) for i in idx],
                 [tuple(map(read, slot_tensors[i])) for i in idx], guard, c, skip_state)
             for i, np_, nss in zip(idx, new_ps, new_slots):
-                write(triples[i][1], np_)
+                setattr(triples[i][1], field, np_)
                 for t, a in zip(slot_tensors[i], nss):
-                    write(t, a)
+                    setattr(t, field, a)
             if guard:
                 home = self._skip_state.device
                 self._skip_state.array = new_skip if dev is home else home.put(new_skip)

@@ -84,30 +84,18 @@ def _method(fn: Callable, name: str, doc: str) -> Callable:
     return fn
 
 
-def _operator(name: str, fn: Callable) -> Callable:
-    """``__<name>__``: ``fn(self, other)`` as a new tensor (NotImplemented for foreign types)."""
-    op = f"__{name}__"
+def _operator(name: str, fn: Callable, reflected: bool = False) -> Callable:
+    """``__<name>__``: ``fn(self, other)`` as a new tensor (NotImplemented for foreign types);
+    with ``reflected``, ``__r<name>__``: ``fn(other, self)``."""
+    op = f"__r{name}__" if reflected else f"__{name}__"
     recorded = name in _RECORDED_OPERATORS
 
     def forward(self, other):
         if recorded and _tracked(self, other):
-            return _autograd().tracked_operator(name, self, other, reflected=False)
-        arr = _binary(op, fn, self, other)
+            return _autograd().tracked_operator(name, self, other, reflected=reflected)
+        arr = _binary(op, fn, self, other, reflected=reflected)
         return arr if arr is NotImplemented else self._new(arr)
     return _method(forward, op, f"Elementwise ``{fn.__name__}`` with NumPy broadcasting.")
-
-
-def _reflected_operator(name: str, fn: Callable) -> Callable:
-    """``__r<name>__``: ``fn(other, self)`` as a new tensor."""
-    op = f"__r{name}__"
-    recorded = name in _RECORDED_OPERATORS
-
-    def reflected(self, other):
-        if recorded and _tracked(self, other):
-            return _autograd().tracked_operator(name, self, other, reflected=True)
-        arr = _binary(op, fn, self, other, reflected=True)
-        return arr if arr is NotImplemented else self._new(arr)
-    return _method(reflected, op, f"Elementwise ``{fn.__name__}`` with NumPy broadcasting.")
 
 
 def _inplace_operator(name: str, fn: Callable) -> Callable:
@@ -615,22 +603,22 @@ class Tensor:
 
     # --- operators: NumPy broadcasting; NotImplemented for foreign types (see _binary) --------
     __add__ = _operator("add", jnp.add)
-    __radd__ = _reflected_operator("add", jnp.add)
+    __radd__ = _operator("add", jnp.add, reflected=True)
     __iadd__ = _inplace_operator("add", jnp.add)
     __sub__ = _operator("sub", jnp.subtract)
-    __rsub__ = _reflected_operator("sub", jnp.subtract)
+    __rsub__ = _operator("sub", jnp.subtract, reflected=True)
     __isub__ = _inplace_operator("sub", jnp.subtract)
     __mul__ = _operator("mul", jnp.multiply)
-    __rmul__ = _reflected_operator("mul", jnp.multiply)
+    __rmul__ = _operator("mul", jnp.multiply, reflected=True)
     __imul__ = _inplace_operator("mul", jnp.multiply)
     __truediv__ = _operator("truediv", jnp.true_divide)
-    __rtruediv__ = _reflected_operator("truediv", jnp.true_divide)
+    __rtruediv__ = _operator("truediv", jnp.true_divide, reflected=True)
     __itruediv__ = _inplace_operator("truediv", jnp.true_divide)
     __floordiv__ = _operator("floordiv", jnp.floor_divide)
-    __rfloordiv__ = _reflected_operator("floordiv", jnp.floor_divide)
+    __rfloordiv__ = _operator("floordiv", jnp.floor_divide, reflected=True)
     __ifloordiv__ = _inplace_operator("floordiv", jnp.floor_divide)
     __pow__ = _operator("pow", jnp.power)
-    __rpow__ = _reflected_operator("pow", jnp.power)
+    __rpow__ = _operator("pow", jnp.power, reflected=True)
     __ipow__ = _inplace_operator("pow", jnp.power)
     # Python 2 names SINGA still defines
     __div__, __rdiv__, __idiv__ = __truediv__, __rtruediv__, __itruediv__
