@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from singa_jax import autograd, device
-from singa_jax.autograd import nn
+from singa_jax.autograd import conv_cpu, nn
 from singa_jax.tensor import Tensor
 
 
@@ -94,7 +94,7 @@ CONV_CASES = [  # (in_ch, out_ch, kernel, stride, padding, dilation, group, bias
 
 
 def test_depthwise_convolution_on_cpu_equals_the_grouped_convolution():
-    """The CPU backend computes depthwise convolutions as shifted slices (nn._depthwise_conv,
+    """The CPU backend computes depthwise convolutions as shifted slices (conv_cpu.conv,
     5-10x faster there than XLA's grouped convolution): same values and gradients."""
     rng = np.random.default_rng(4)
     x = jnp.asarray(rand(rng, 2, 4, 9, 8))
@@ -107,12 +107,64 @@ def test_depthwise_convolution_on_cpu_equals_the_grouped_convolution():
                                             feature_group_count=4)
 
     def shifted(x, W):
-        return nn._depthwise_conv(x, W, stride, pads, dilation)
+        return conv_cpu.conv(x, W, stride, pads, dilation, 4)
 
     np.testing.assert_allclose(shifted(x, W), grouped(x, W), rtol=1e-5, atol=1e-5)
     for a, b in zip(jax.grad(lambda *a: jnp.sum(jnp.sin(shifted(*a))), (0, 1))(x, W),
                     jax.grad(lambda *a: jnp.sum(jnp.sin(grouped(*a))), (0, 1))(x, W)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+DENSE_CPU_CASES = [  # (x shape, W shape, stride, pads, dilation): each CPU form is taken
+    ((3, 5, 7, 6), (4, 5, 1, 1), (2, 2), ((0, 0), (0, 0)), (1, 1)),  # 1x1 strided: matmuls
+    ((2, 5, 6, 7), (3, 5, 1, 1), (2, 3), ((1, 0), (2, 1)), (1, 1)),  # 1x1 strided and padded
+    ((2, 1, 9, 8), (3, 1, 3, 2), (1, 2), ((1, 0), (2, 1)), (2, 1)),  # one input channel
+    ((2, 6, 8, 8), (5, 6, 5, 5), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # output << input
+    ((2, 6, 7, 7), (5, 6, 3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # XLA's in every direction
+]
+
+
+@pytest.mark.parametrize("x_shape,W_shape,stride,pads,dilation", DENSE_CPU_CASES)
+def test_dense_convolution_on_cpu_equals_xla_convolution(x_shape, W_shape, stride, pads,
+                                                         dilation):
+    """The CPU backend computes some convolutions and some of their gradients as matrix products
+    of the input's windows (conv_cpu.dense_conv): same values, gradients and forward-mode
+    derivatives as XLA's convolution."""
+    rng = np.random.default_rng(5)
+    x, W = jnp.asarray(rand(rng, *x_shape)), jnp.asarray(rand(rng, *W_shape))
+
+    def dense(x, W):
+        return conv_cpu.conv(x, W, stride, pads, dilation, 1)
+
+    def xla(x, W):
+        return conv_cpu.xla_conv(x, W, stride, pads, dilation)
+
+    np.testing.assert_allclose(dense(x, W), xla(x, W), rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.grad(lambda *a: jnp.sum(jnp.sin(dense(*a))), (0, 1))(x, W),
+                    jax.grad(lambda *a: jnp.sum(jnp.sin(xla(*a))), (0, 1))(x, W)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # only the input's gradient, only the weight's
+    np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(dense(x, W) ** 2))(x),
+                               jax.grad(lambda x: jnp.sum(xla(x, W) ** 2))(x), rtol=1e-4,
+                               atol=1e-4)
+    np.testing.assert_allclose(jax.grad(lambda W: jnp.sum(dense(x, W) ** 2))(W),
+                               jax.grad(lambda W: jnp.sum(xla(x, W) ** 2))(W), rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_dense_convolution_forms_follow_the_shape_rules():
+    """Which direction takes the matrix-product form (docs/performance.md has the timings)."""
+    assert conv_cpu.forward_as_matmul((64, 1, 28, 28), (20, 1, 5, 5))      # LeNet conv1
+    assert conv_cpu.forward_as_matmul((8, 256, 56, 56), (512, 256, 1, 1))  # projection
+    assert not conv_cpu.forward_as_matmul((64, 20, 12, 12), (50, 20, 5, 5))
+    # LeNet conv2: the input (12x12) has 2.25x the output's (8x8) pixels
+    assert conv_cpu.input_grad_as_matmul((64, 20, 12, 12), (50, 20, 5, 5), (8, 8), (1, 1))
+    assert conv_cpu.input_grad_as_matmul((64, 3, 32, 32), (64, 3, 3, 3), (32, 32), (1, 1))
+    assert not conv_cpu.input_grad_as_matmul((8, 64, 56, 56), (64, 64, 3, 3), (56, 56), (1, 1))
+    assert not conv_cpu.input_grad_as_matmul((8, 128, 56, 56), (128, 128, 3, 3), (28, 28),
+                                             (2, 2))
+    assert conv_cpu.weight_grad_as_matmul((512, 256, 1, 1))
+    assert not conv_cpu.weight_grad_as_matmul((50, 20, 5, 5))
 
 
 @pytest.mark.parametrize("cin,cout,kernel,stride,pad,dil,group,bias,odd", CONV_CASES)

@@ -2,7 +2,8 @@
 
 * max pooling over tiling windows (reshape + max, first-argmax custom_vjp) equals XLA's
   reduce_window lowering, values and gradients, ties included;
-* graph mode's CPU compile options, and the fallback when a jaxlib rejects one;
+* graph mode's CPU compile options, and the fallback when a jaxlib rejects one; eager kernels
+  take them when called outside any trace, and work inside one;
 * compile()'s abstract initialisation gives the parameters an eager forward gives;
 * a training step compiles once per signature (its optimizer slots learnt by a first trace);
 * eager mode computes no gradient for a plain input batch;
@@ -85,6 +86,34 @@ def test_an_option_the_compiler_does_not_know_is_left_out(monkeypatch):
     assert xla_options.supported("cpu", "xla_cpu_experimental_ynn_fusion_type", "")
     assert not xla_options.supported("cpu", "xla_cpu_no_such_option_for_tests", "")
     assert "xla_cpu_no_such_option_for_tests" not in xla_options.compile_options("cpu")
+
+
+def test_eager_kernels_take_the_backend_options_outside_traces_only(monkeypatch):
+    """xla_options.kernel: jax.jit with the default backend's options at the first top-level
+    call; inside a trace (where jax.jit refuses options) the plain jit, same numbers."""
+    options = xla_options.compile_options(jax.default_backend()) or None  # probes done first
+    made = []
+    real_jit = jax.jit
+
+    def recording_jit(fun, **kwargs):
+        made.append(kwargs.get("compiler_options"))
+        return real_jit(fun, **kwargs)
+
+    monkeypatch.setattr(xla_options.jax, "jit", recording_jit)
+
+    @xla_options.kernel(static_argnums=1)
+    def scaled_matmul(x, scale):
+        return scale * (x @ x.T)
+
+    assert made == [None]  # the plain jit only: no backend options resolved at decoration
+    x = jnp.arange(6.0).reshape(2, 3)
+    expected = 2.0 * (np.arange(6.0).reshape(2, 3) @ np.arange(6.0).reshape(2, 3).T)
+    np.testing.assert_allclose(scaled_matmul(x, 2.0), expected)
+    assert made == [None, options]
+    np.testing.assert_allclose(real_jit(lambda x: scaled_matmul(x, 2.0))(x), expected)
+    np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(scaled_matmul(x, 2.0)))(x),
+                               2.0 * 2.0 * np.tile(np.arange(6.0).reshape(2, 3).sum(0), (2, 1)))
+    assert len(made) == 2  # both made once
 
 
 # --- models ----------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ without gradient, the declaration helpers the op tables use, and SINGA's autogra
 from __future__ import annotations
 
 import inspect
-from functools import partial
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
@@ -37,6 +36,7 @@ from ..device import get_default_device
 from ..modes import is_training
 from ..tensor import Tensor
 from ..dtypes import is_inexact
+from ..xla_options import kernel
 from .engine import Operator, fill_like
 
 __all__ = ["Function", "InvalidInput", "TensorArgsOp", "NonDifferentiable", "make_function", "functional",
@@ -76,7 +76,7 @@ def _static_key(static: Dict[str, Any]) -> Tuple:
     return items
 
 
-@partial(jax.jit, static_argnums=(0, 1))
+@kernel(static_argnums=(0, 1))
 def _forward(fn: Callable, static: Tuple, *xs):
     """``fn(*xs, **static)`` as one cached kernel (no gradient state: eval mode)."""
     return fn(*xs, **dict(static))
@@ -90,7 +90,7 @@ def _split_state(out, n_state: int):
     return (main[0] if len(main) == 1 else tuple(main)), tuple(out[-n_state:])
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+@kernel(static_argnums=(0, 1, 2, 3))
 def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: int, *xs):
     """Forward plus the pullback w.r.t. the inputs marked in ``diff``; returns
     ``(outputs, pullback, new state arrays)``."""
@@ -104,7 +104,7 @@ def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: i
     return jax.vjp(f, *[x for d, x in zip(diff, xs) if d], has_aux=True)
 
 
-@jax.jit
+@kernel
 def _pullback(vjp_fn, dys):
     return vjp_fn(dys)
 

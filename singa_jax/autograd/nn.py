@@ -19,6 +19,7 @@ from jax import lax
 from ..checks import check_indices
 from ..tensor import Tensor
 from ..modes import is_training
+from . import conv_cpu
 from .function import Function, InvalidInput
 from .handles import (NO_ODD_PADDING, BatchNormHandle, ConvHandle, CudnnBatchNormHandle,  # noqa: F401
                       CudnnConvHandle, CudnnPoolingHandle, CudnnRNNHandle, Pair, PoolingHandle,
@@ -47,71 +48,11 @@ def _conv2d_kernel(x, W, b=None, *, stride: Pair, padding: Pair, dilation: Pair,
     top, bottom, left, right = odd_padding
     pads = ((padding[0] + top, padding[0] + bottom), (padding[1] + left, padding[1] + right))
 
-    def grouped(x, W):
-        return lax.conv_general_dilated(x, W, window_strides=stride, padding=pads,
-                                        rhs_dilation=dilation,
-                                        dimension_numbers=("NCHW", "OIHW", "NCHW"),
-                                        feature_group_count=group)
-
-    if group > 1 and group == x.shape[1]:  # depthwise: its own form on CPU, chosen at lowering
-        y = lax.platform_dependent(
-            x, W, cpu=lambda x, W: _depthwise_conv(x, W, tuple(stride), pads, tuple(dilation)),
-            default=grouped)
-    else:
-        y = grouped(x, W)
+    # each backend's fastest forms (autograd.conv_cpu), chosen when the program is lowered
+    y = conv_cpu.convolve(x, W, stride, pads, dilation, group)
     if b is not None:
         y = y + b.reshape(1, -1, 1, 1).astype(y.dtype)
     return y
-
-
-def _depthwise_shifts(x, W, stride: Pair, pads, dilation: Pair):
-    """A depthwise convolution (one input channel per group; output channel o reads input channel
-    o // multiplier) as a sum of kh*kw shifted, strided slices of the padded input scaled per
-    channel: y[n, o, h, w] = sum_{i, j} W[o, 0, i, j] * xpad[n, o // m, s*h + d*i, s*w + d*j].
-
-    Same numbers as the grouped convolution up to summation order. On XLA:CPU a convolution with
-    feature_group_count == channels, and above all its weight gradient, is 5-10x slower than
-    these elementwise ops (Xception's separable convolutions: a 3x3 depthwise forward+backward
-    on 8x128x147x147 takes 3.4 s as a grouped convolution, 0.64 s as shifts), so the CPU backend
-    takes this form (``lax.platform_dependent``: chosen when the program is lowered for its
-    device); GPU/TPU keep their depthwise convolution kernels."""
-    n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (dh, dw) = W.shape[2:], stride, dilation
-    multiplier = W.shape[0] // c
-    if multiplier > 1:
-        x = jnp.repeat(x, multiplier, axis=1)
-    xp = jnp.pad(x, ((0, 0), (0, 0)) + tuple(pads))
-    ho = (xp.shape[2] - dh * (kh - 1) - 1) // sh + 1
-    wo = (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1
-    y = None
-    for i in range(kh):
-        for j in range(kw):
-            window = lax.slice(xp, (0, 0, i * dh, j * dw),
-                               (n, xp.shape[1], i * dh + sh * (ho - 1) + 1,
-                                j * dw + sw * (wo - 1) + 1), (1, 1, sh, sw))
-            term = window * W[:, 0, i, j].reshape(1, -1, 1, 1)
-            y = term if y is None else y + term
-    return y
-
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _depthwise_conv(x, W, stride: Pair, pads, dilation: Pair):
-    """:func:`_depthwise_shifts` whose backward keeps only ``x`` and ``W``: differentiated as
-    written, each of the kh*kw shifted slices of the input would be a residual of the size of
-    the activation (kept between an eager op's forward and backward kernels)."""
-    return _depthwise_shifts(x, W, stride, pads, dilation)
-
-
-def _depthwise_conv_fwd(x, W, stride: Pair, pads, dilation: Pair):
-    return _depthwise_shifts(x, W, stride, pads, dilation), (x, W)
-
-
-def _depthwise_conv_bwd(stride: Pair, pads, dilation: Pair, residuals, dy):
-    x, W = residuals
-    _, pullback = jax.vjp(lambda x, W: _depthwise_shifts(x, W, stride, pads, dilation), x, W)
-    return pullback(dy)
-
-
-_depthwise_conv.defvjp(_depthwise_conv_fwd, _depthwise_conv_bwd)
 
 
 def _replicate_odd_pad(x, odd_padding):

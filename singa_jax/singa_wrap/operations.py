@@ -19,6 +19,7 @@ from ..autograd import nn
 from ..autograd.nn import (BatchNormHandle, ConvHandle, CudnnBatchNormHandle, CudnnConvHandle,
                            CudnnPoolingHandle, CudnnRNNHandle, PoolingHandle)
 from ..ctensor import CTensor, _describe, as_array, out_tensor, store
+from ..xla_options import kernel
 
 __all__ = [
     "ConvHandle", "CudnnConvHandle", "PoolingHandle", "CudnnPoolingHandle", "BatchNormHandle",
@@ -52,17 +53,17 @@ def _conv(x, W, b, config):
     return nn._conv2d_kernel(x, W, b, odd_padding=NO_ODD_PADDING, **dict(config))
 
 
-@partial(jax.jit, static_argnums=0)
+@kernel(static_argnums=0)
 def _conv_forward(config, x, W, b):
     return _conv(x, W, b, config)
 
 
-@partial(jax.jit, static_argnums=0)
+@kernel(static_argnums=0)
 def _conv_backward_x(config, dy, W, x):
     return jax.vjp(lambda x_: _conv(x_, W, None, config), x)[1](dy)[0]
 
 
-@partial(jax.jit, static_argnums=0)
+@kernel(static_argnums=0)
 def _conv_backward_w(config, dy, x, W):
     return jax.vjp(lambda w_: _conv(x, w_, None, config), W)[1](dy)[0]
 

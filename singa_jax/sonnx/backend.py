@@ -17,7 +17,6 @@ inside a Model in graph mode the kernel is traced into the compiled training ste
 from __future__ import annotations
 
 import collections
-from functools import partial
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import jax
@@ -29,6 +28,7 @@ from onnx.backend.base import Backend, BackendRep
 
 from .. import autograd, device as device_module, modes, tensor
 from ..layer.base import Layer
+from ..xla_options import kernel
 from . import nn_ops  # noqa: F401 (registers the nn family in OPS)
 from .ops import OPS, NodeCall, OpSpec, UnsupportedOnnx, jax_dtype
 
@@ -320,12 +320,12 @@ class HostValues:
 # ------------------------------------------------------------------------------------------
 # the autograd operator: the whole graph as one kernel
 # ------------------------------------------------------------------------------------------
-@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+@kernel(static_argnums=(0, 1, 2, 3))
 def _graph_forward(program: GraphProgram, wanted, training, host, key, inputs, params, states):
     return program.evaluate(wanted, training, host, key, inputs, params, states)
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+@kernel(static_argnums=(0, 1, 2, 3, 4))
 def _graph_forward_vjp(program, wanted, training, host, diff, key, inputs, params, states):
     flat = list(inputs) + list(params)
     fixed = [x for d, x in zip(diff, flat) if not d]
@@ -340,7 +340,7 @@ def _graph_forward_vjp(program, wanted, training, host, diff, key, inputs, param
     return outs, vjp_fn, updates
 
 
-@jax.jit
+@kernel
 def _pullback(vjp_fn, cts):
     return vjp_fn(cts)
 
