@@ -7,7 +7,7 @@
 * Eager kernels (each op's forward and pullback, the ONNX backend's and the CTensor layer's
   convolution kernels) are made by :func:`kernel`: ``jax.jit`` with the default backend's options,
   resolved at the first call (importing singa_jax must not initialise a backend: XLA_FLAGS and
-  ``jax.distributed.initialize`` come first). Eager LeNet's step: 31.7 -> 19.1 ms.
+  ``jax.distributed.initialize`` come first). Eager LeNet's step: 31.7 -> 17.4 ms.
 * A program that will run only once (its trace met new state, so the next call retraces) is
   compiled without the backend's expensive optimisations: compiling is then most of its cost.
 

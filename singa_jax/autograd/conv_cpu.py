@@ -74,14 +74,17 @@ def _windows(x, kernel: Pair, stride: Pair, pads: Pads, dilation: Pair) -> list:
             for i in range(kh) for j in range(kw)]
 
 
+def _patches(x, kernel: Pair, stride: Pair, pads: Pads, dilation: Pair):
+    """The input's windows stacked by tap: (N, C, kh*kw, Ho, Wo) (for a 1x1 kernel a unit axis,
+    which XLA drops: the product is then one over channels)."""
+    return jnp.stack(_windows(x, kernel, stride, pads, dilation), axis=2)
+
+
 def matmul_conv(x, W, stride: Pair, pads: Pads, dilation: Pair):
     """The convolution as one matrix product of the input's windows (N, C, kh*kw, Ho, Wo) with
     the kernel (O, C, kh*kw): im2col, without materialising more than the windows."""
     o, c, kh, kw = W.shape
-    windows = _windows(x, (kh, kw), stride, pads, dilation)
-    if len(windows) == 1:  # a 1x1 kernel: a product over channels
-        return jnp.einsum("nchw,oc->nohw", windows[0], W.reshape(o, c))
-    return jnp.einsum("nckhw,ock->nohw", jnp.stack(windows, axis=2),
+    return jnp.einsum("nckhw,ock->nohw", _patches(x, (kh, kw), stride, pads, dilation),
                       W.reshape(o, c, kh * kw))
 
 
@@ -135,10 +138,8 @@ def input_grad_matmul(dy, W, x_shape: Shape, stride: Pair, pads: Pads, dilation:
 def weight_grad_matmul(x, dy, W_shape: Shape, stride: Pair, pads: Pads, dilation: Pair):
     """The weight gradient as one matrix product of ``dy`` with the input's windows."""
     o, c, kh, kw = W_shape
-    windows = _windows(x, (kh, kw), stride, pads, dilation)
-    if len(windows) == 1:
-        return jnp.einsum("nohw,nchw->oc", dy, windows[0]).reshape(W_shape)
-    return jnp.einsum("nohw,nckhw->ock", dy, jnp.stack(windows, axis=2)).reshape(W_shape)
+    patches = _patches(x, (kh, kw), stride, pads, dilation)
+    return jnp.einsum("nohw,nckhw->ock", dy, patches).reshape(W_shape)
 
 
 def _cpu_forward(x, W, stride: Pair, pads: Pads, dilation: Pair, group: int):
@@ -168,6 +169,7 @@ def _cpu_backward(x, W, dy, stride: Pair, pads: Pads, dilation: Pair, group: int
 
 
 def _xla_backward(x, W, dy, stride: Pair, pads: Pads, dilation: Pair, group: int):
+    """Both gradients of XLA's convolution, as JAX differentiates it."""
     return jax.vjp(lambda x, W: xla_conv(x, W, stride, pads, dilation, group), x, W)[1](dy)
 
 
