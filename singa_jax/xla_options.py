@@ -2,12 +2,17 @@
 
 * On CPU, XLA turns convolutions into YNNPACK fusions that are 2-3x slower than its own Eigen
   convolutions on the CPUs measured (LeNet's conv2 forward 4.2 vs 1.7 ms, its weight gradient 5.7
-  vs 1.8 ms; see docs/performance.md); an empty fusion type turns them off. Never applied on
+  vs 1.8 ms; see docs/performance.md). The fusion types are limited to single dots and
+  reductions, where YNNPACK is the faster (graph steps: MLP -6%, LeNet -7%, ResNet-50 about
+  -15% against no YNNPACK at all); a jaxlib refusing that list gets none. Never applied on
   GPU/TPU.
 * Eager kernels (each op's forward and pullback, the ONNX backend's and the CTensor layer's
   convolution kernels) are made by :func:`kernel`: ``jax.jit`` with the default backend's options,
   resolved at the first call (importing singa_jax must not initialise a backend: XLA_FLAGS and
   ``jax.distributed.initialize`` come first). Eager LeNet's step: 31.7 -> 17.4 ms.
+* On CPU, the first compile also pins glibc's malloc thresholds (:mod:`.host_memory`): XLA:CPU's
+  buffers are host allocations, and without it each fresh one is faulted in page by page
+  (eager MLP step 2.1 -> 1.2 ms).
 * A program that will run only once (its trace met new state, so the next call retraces) is
   compiled without the backend's expensive optimisations: compiling is then most of its cost.
 
@@ -18,14 +23,21 @@ error message is ever parsed.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Callable, Dict, Hashable, Optional, Sequence
+from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 
+from . import host_memory
+
 __all__ = ["compile_options", "kernel", "platform_of"]
 
-CPU_OPTIONS: Dict[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# Each CPU option with its values, best first: the first one this jaxlib accepts is used.
+CPU_OPTIONS: Dict[str, Tuple[Any, ...]] = {
+    # YNNPACK for single dots and reductions only (convolutions stay on Eigen); else none
+    "xla_cpu_experimental_ynn_fusion_type": (
+        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE", ""),
+}
 ONE_OFF_OPTIONS: Dict[str, Any] = {"xla_backend_optimization_level": 0,
                                    "xla_llvm_disable_expensive_passes": True}
 
@@ -45,10 +57,19 @@ def compile_options(platform: str, one_off: bool = False) -> Dict[str, Any]:
     """The options for a step on ``platform`` ('cpu', 'gpu', 'tpu'): the CPU ones (never on
     another backend), plus the cheap-compile ones for a program that runs once; only those this
     jaxlib supports."""
-    options = dict(CPU_OPTIONS) if platform == "cpu" else {}
+    options: Dict[str, Any] = {}
+    if platform == "cpu":
+        host_memory.tune()  # XLA:CPU's buffers are host allocations (see host_memory)
+        for name, choices in CPU_OPTIONS.items():
+            value = next((v for v in choices if supported(platform, name, v)), _NONE)
+            if value is not _NONE:
+                options[name] = value
     if one_off:
-        options.update(ONE_OFF_OPTIONS)
-    return {k: v for k, v in options.items() if supported(platform, k, v)}
+        options.update((k, v) for k, v in ONE_OFF_OPTIONS.items() if supported(platform, k, v))
+    return options
+
+
+_NONE = object()  # no value of an option is accepted
 
 
 def platform_of(arrays: Sequence[Any]) -> str:

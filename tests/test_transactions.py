@@ -3,10 +3,11 @@ nothing applied; models train without compile(); two threads train their own mod
 one thread would (issue: reliability)."""
 import threading
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax import autograd, checks, device, layer, model, opt, tensor
 
 
 class Net(model.Model):
@@ -152,6 +153,31 @@ def test_graph_mode_checks_labels_passed_to_the_loss_on_the_host_before_the_step
     prog = m._graph_runner._last[1]
     assert [position for position, _ in prog.input_checks] == [1]  # y, the second argument
     assert m(x, y)[1] is not None and m._graph_runner.compile_count == 1
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.int32, np.uint32,
+                                   np.float32])
+@pytest.mark.parametrize("values", [[0, 1, 2], [2, 2, 0], [0, 3, 1], [-1, 0, 1], [0, 255, 1],
+                                    [0, -128, 1], []])
+def test_the_host_label_check_of_a_compiled_step_decides_as_the_eager_check(dtype, values):
+    """checks._host_index_check (decided once per dtype at trace time, then one view and one
+    max per run) passes and fails exactly where the eager check does, with its message."""
+    size = 3
+    labels = np.array(values).astype(dtype)  # the wrapped values of the small integer types
+    host = checks._host_index_check("Loss", "class labels t", labels.dtype, size, "ctx", True)
+
+    def outcome(run):
+        try:
+            run(jnp.asarray(labels))
+        except ValueError as e:
+            return str(e)
+        return None
+
+    eager = outcome(lambda a: checks.check_indices("Loss", "class labels t", a, size, "ctx",
+                                                   True))
+    assert outcome(host) == eager
+    expected_ok = labels.size == 0 or (labels.min() >= 0 and labels.max() < size)
+    assert (eager is None) == bool(expected_ok)
 
 
 class ComputedLabels(Net):
