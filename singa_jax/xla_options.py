@@ -2,10 +2,10 @@
 
 * On CPU, XLA turns convolutions into YNNPACK fusions that are 2-3x slower than its own Eigen
   convolutions on the CPUs measured (LeNet's conv2 forward 4.2 vs 1.7 ms, its weight gradient 5.7
-  vs 1.8 ms; see docs/performance.md). The fusion types are limited to single dots and
-  reductions, where YNNPACK is the faster (graph steps: MLP -6%, LeNet -7%, ResNet-50 about
-  -15% against no YNNPACK at all); a jaxlib refusing that list gets none. Never applied on
-  GPU/TPU.
+  vs 1.8 ms; see docs/performance.md); an empty fusion type turns them off. YNNPACK for dots
+  and reductions only was measured too: MLP, LeNet and ResNet-50 steps 6-15% faster, Xception's
+  25-30% slower (XLA then materialises every tap of its depthwise convolutions), so it is not
+  the default. Never applied on GPU/TPU.
 * Eager kernels (each op's forward and pullback, the ONNX backend's and the CTensor layer's
   convolution kernels) are made by :func:`kernel`: ``jax.jit`` with the default backend's options,
   resolved at the first call (importing singa_jax must not initialise a backend: XLA_FLAGS and
@@ -34,9 +34,8 @@ __all__ = ["compile_options", "kernel", "platform_of"]
 
 # Each CPU option with its values, best first: the first one this jaxlib accepts is used.
 CPU_OPTIONS: Dict[str, Tuple[Any, ...]] = {
-    # YNNPACK for single dots and reductions only (convolutions stay on Eigen); else none
-    "xla_cpu_experimental_ynn_fusion_type": (
-        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE", ""),
+    # no YNNPACK fusions (see the module docstring)
+    "xla_cpu_experimental_ynn_fusion_type": ("",),
 }
 ONE_OFF_OPTIONS: Dict[str, Any] = {"xla_backend_optimization_level": 0,
                                    "xla_llvm_disable_expensive_passes": True}
