@@ -2,9 +2,9 @@
 
 On CPU every array an XLA program outputs is a fresh host allocation. glibc's malloc serves a
 large one (128 KiB at first) by ``mmap`` and returns it to the kernel when it is freed, and it
-trims the heaps' free tops back to the kernel too; its dynamic thresholds adapt, but not to
-buffers allocated and freed on several threads. Every new buffer then costs a page fault per
-4 KiB page when first written: SINGA's eager MLP step (784-256-10, batch 64) took 300-400
+trims the heaps' free tops back to the kernel too. Its dynamic thresholds did not settle under
+XLA:CPU's pattern (buffers allocated and freed step after step, on several threads): every new
+buffer cost a page fault per 4 KiB page when first written. SINGA's eager MLP step (784-256-10, batch 64) took 300-400
 faults and 2.1-2.4 ms; with the thresholds pinned, ~1 fault and 1.2-1.3 ms (LeNet's graph
 step: ~1000 faults, 14.4 -> 13.1 ms). See docs/performance.md.
 

@@ -39,6 +39,7 @@ CPU_OPTIONS: Dict[str, Tuple[Any, ...]] = {
 }
 ONE_OFF_OPTIONS: Dict[str, Any] = {"xla_backend_optimization_level": 0,
                                    "xla_llvm_disable_expensive_passes": True}
+_NONE = object()  # compile_options: no value of an option is accepted
 
 
 @lru_cache(maxsize=None)
@@ -66,9 +67,6 @@ def compile_options(platform: str, one_off: bool = False) -> Dict[str, Any]:
     if one_off:
         options.update((k, v) for k, v in ONE_OFF_OPTIONS.items() if supported(platform, k, v))
     return options
-
-
-_NONE = object()  # no value of an option is accepted
 
 
 def platform_of(arrays: Sequence[Any]) -> str:
