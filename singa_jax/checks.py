@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import jax
@@ -198,24 +198,31 @@ def _host_index_stats(idx: np.ndarray, size: int, require_integers: bool):
     return ok and (whole or not require_integers), idx.min(), idx.max(), whole
 
 
-def _host_index_check(op: str, what: str, dtype: Any, size: int, context: str,
-                      require_integers: bool) -> Callable[[Any], None]:
-    """The per-run host check of a compiled step's index input of ``dtype``: everything the
-    dtype decides is decided here, once, so a passing run costs one host view and one max
-    (it runs before every step, where each microsecond shows on a small model). Signed
-    integers are viewed as unsigned: a negative index becomes at least 2**(bits-1) > size,
-    so one max covers both ends. Any other case, and any failure, takes the general path,
-    which builds the error."""
-    dtype = np.dtype(dtype)
-    fast = dtype.kind in "iu" and size <= np.iinfo(dtype).max
-    unsigned = np.dtype(dtype.str.replace("i", "u")) if fast else None
+@lru_cache(maxsize=None)
+def _unsigned_view(dtype: np.dtype, size: int) -> Optional[np.dtype]:
+    """The dtype to view integer indices of ``dtype`` as, so that one max checks them against
+    ``[0, size)``: a signed index viewed as unsigned is at least 2**(bits-1) > size when
+    negative. None when one max cannot decide (floats, or a size the dtype cannot hold)."""
+    if dtype.kind in "iu" and size <= np.iinfo(dtype).max:
+        return np.dtype(dtype.str.replace("i", "u"))
+    return None
 
+
+def _all_in_range(host: np.ndarray, size: int) -> bool:
+    """True when every index of ``host`` is surely in ``[0, size)`` by one max (the check of
+    every step); False means: take the general check, which decides and builds the error."""
+    unsigned = _unsigned_view(host.dtype, size)
+    return unsigned is not None and (host.size == 0 or host.view(unsigned).max() < size)
+
+
+def _host_index_check(op: str, what: str, size: int, context: str,
+                      require_integers: bool) -> Callable[[Any], None]:
+    """The per-run host check of a compiled step's index input: one max when it passes (it
+    runs before every step, where each microsecond shows on a small model), else the general
+    check with its error."""
     def run(concrete: Any) -> None:
-        if fast:
-            host = np.asarray(concrete)
-            if host.size == 0 or host.view(unsigned).max() < size:
-                return
-        check_indices(op, what, concrete, size, context, require_integers)
+        if not _all_in_range(np.asarray(concrete), size):
+            check_indices(op, what, concrete, size, context, require_integers)
     return run
 
 
@@ -240,19 +247,14 @@ def check_indices(op: str, what: str, idx: jax.Array, size: int, context: str,
         inputs = _INPUTS.get()
         position = None if inputs is None else inputs[0].get(id(idx))
         if position is not None:  # a compiled step's input: checked on the host before each run
-            inputs[1].append((position, _host_index_check(op, what, idx.dtype, size, context,
+            inputs[1].append((position, _host_index_check(op, what, size, context,
                                                           require_integers)))
             return
         # a value computed inside a compiled step: a small kernel in it, checked at its end
         ok, lo, hi, whole = _index_stats(idx, int(size), bool(require_integers))
     else:  # eager: indices are few, and reading them avoids a kernel launch and a device sync
         host = np.asarray(idx)
-        if host.dtype.kind == "i" and size <= np.iinfo(host.dtype).max:
-            # the usual case, checked on every step: one reduction (viewed as unsigned, a
-            # negative index is at least 2**(bits-1) > size, so one max covers both ends)
-            if host.view(host.dtype.str.replace("i", "u")).max() < size:
-                return
-        elif host.dtype.kind == "u" and host.max() < size:
+        if _all_in_range(host, size):  # the usual case, checked on every step
             return
         ok, lo, hi, whole = _host_index_stats(host, int(size), require_integers)
     kind = "integers in" if require_integers else "in"

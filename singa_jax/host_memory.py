@@ -24,8 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-import threading
-from typing import Optional
+from functools import lru_cache
 
 __all__ = ["tune", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
@@ -34,21 +33,12 @@ TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # glibc's dynamic rule: twice the mmap thre
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
-_lock = threading.Lock()
-_outcome: Optional[bool] = None
 
-
+@lru_cache(maxsize=None)
 def tune() -> bool:
     """Pin glibc's mmap and trim thresholds (see the module docstring), once per process.
-    Returns whether they are pinned by singa_jax."""
-    global _outcome
-    with _lock:
-        if _outcome is None:
-            _outcome = _pin()
-        return _outcome
-
-
-def _pin() -> bool:
+    Returns whether they are pinned by singa_jax. (Two threads racing here may both set
+    them: the same values, so no harm.)"""
     if os.environ.get("SINGA_JAX_MALLOC_TUNING", "1").strip().lower() in ("0", "false", "no",
                                                                           "off"):
         return False

@@ -39,7 +39,6 @@ CPU_OPTIONS: Dict[str, Tuple[Any, ...]] = {
 }
 ONE_OFF_OPTIONS: Dict[str, Any] = {"xla_backend_optimization_level": 0,
                                    "xla_llvm_disable_expensive_passes": True}
-_NONE = object()  # compile_options: no value of an option is accepted
 
 
 @lru_cache(maxsize=None)
@@ -61,9 +60,10 @@ def compile_options(platform: str, one_off: bool = False) -> Dict[str, Any]:
     if platform == "cpu":
         host_memory.tune()  # XLA:CPU's buffers are host allocations (see host_memory)
         for name, choices in CPU_OPTIONS.items():
-            value = next((v for v in choices if supported(platform, name, v)), _NONE)
-            if value is not _NONE:
-                options[name] = value
+            for value in choices:
+                if supported(platform, name, value):
+                    options[name] = value
+                    break
     if one_off:
         options.update((k, v) for k, v in ONE_OFF_OPTIONS.items() if supported(platform, k, v))
     return options

@@ -160,11 +160,11 @@ def test_graph_mode_checks_labels_passed_to_the_loss_on_the_host_before_the_step
 @pytest.mark.parametrize("values", [[0, 1, 2], [2, 2, 0], [0, 3, 1], [-1, 0, 1], [0, 255, 1],
                                     [0, -128, 1], []])
 def test_the_host_label_check_of_a_compiled_step_decides_as_the_eager_check(dtype, values):
-    """checks._host_index_check (decided once per dtype at trace time, then one view and one
-    max per run) passes and fails exactly where the eager check does, with its message."""
+    """checks._host_index_check (one view and one max per run) passes and fails exactly where
+    the eager check does, with its message."""
     size = 3
     labels = np.array(values).astype(dtype)  # the wrapped values of the small integer types
-    host = checks._host_index_check("Loss", "class labels t", labels.dtype, size, "ctx", True)
+    host = checks._host_index_check("Loss", "class labels t", size, "ctx", True)
 
     def outcome(run):
         try:
