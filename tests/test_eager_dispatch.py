@@ -133,9 +133,10 @@ def _matmul_creator_backward(x: Tensor, w: Tensor, dy: Tensor):
 
 def test_fast_and_general_paths_give_identical_values_gradients_and_state(monkeypatch):
     a = _inputs()
-    fast = _scenario(a)
-    _use_general_paths(monkeypatch)
-    general = _scenario(a)
+    with autograd.fused_backward(False):  # the second walk would recur: one fused kernel
+        fast = _scenario(a)
+        _use_general_paths(monkeypatch)
+        general = _scenario(a)
     assert fast.keys() == general.keys()
     assert {"grad w", "grad b", "grad scale", "grad shift", "grad emb"} <= fast.keys()
     for k in fast:

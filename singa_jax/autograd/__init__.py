@@ -12,7 +12,7 @@ import types
 
 from .. import modes as _modes
 from .engine import (Operator, Operation, Dummy, infer_dependency, gradients, backward,  # noqa: F401
-                     is_training)
+                     fused_backward, is_training)
 from .function import (Function, InvalidInput, make_function, CTensor, axis_helper, back_broadcast,  # noqa: F401
                        ctensor2numpy)
 from .elementwise import *  # noqa: F401,F403

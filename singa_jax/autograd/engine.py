@@ -5,7 +5,10 @@ Calling an Operator records ``src`` — one ``(creator, id(x), x or None, x.stor
 and ``y_id2idx`` (which output is which). :func:`backward` walks that graph from the loss in
 dependency order: an operator runs its backward once all of its outputs' gradients have arrived,
 gradients of a tensor used by several operators are summed, and every tensor with
-``stores_grad=True`` is yielded with its gradient. This module knows nothing about particular ops.
+``stores_grad=True`` is yielded with its gradient. A walk that recurs (same operators, shapes and
+uses) runs as one kernel: every op's backward as data (:meth:`Operator.pullback_step`), replayed
+in one jitted program (see "Fused walks" below; :class:`fused_backward` turns it off). This
+module knows nothing about particular ops.
 
 Retaining the graph. SINGA's entry points (:func:`backward`, :func:`gradients`, an optimizer's
 ``opt(loss)``) leave the graph intact, so one graph can be back-propagated twice (SINGA's GAN
@@ -16,9 +19,12 @@ with the graph. PyTorch-style entry points (``Tensor.backward``, ``autograd.grad
 """
 from __future__ import annotations
 
+import contextvars
+import operator
+import threading
 from collections import Counter
 from functools import partial
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -30,9 +36,10 @@ from ..dtypes import is_inexact
 from ..modes import is_grad_enabled, is_training
 from ..tensor import Tensor
 from ..tensor.handle import result_tensor
+from ..xla_options import kernel
 
 __all__ = ["Operator", "Operation", "Dummy", "infer_dependency", "gradients", "backward",
-           "is_training"]
+           "fused_backward", "is_training"]
 
 
 class Operator(Node):
@@ -142,6 +149,14 @@ class Operator(Node):
     def backward(self, *dys):
         raise NotImplementedError
 
+    def pullback_step(self) -> Optional[Tuple[Callable, Any, Any, Tuple[bool, ...]]]:
+        """This op's backward as data, for a fused walk: ``(pull, spec, state, gives)`` where
+        ``pull(spec, state, dys, apply)`` is a pure function (``spec`` hashable, ``state`` a
+        pytree of arrays, ``apply(state, cotangents)`` the call of the pullback) returning what
+        ``backward(*dys)`` returns, and ``gives`` says which inputs get a gradient. None (the
+        default, e.g. a user's operator): the engine calls ``backward`` and walks op by op."""
+        return None
+
 
 Operation = Operator  # SINGA 2.x name
 
@@ -247,15 +262,44 @@ def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool 
     ``(tensor, gradient array, gradient name)`` for every tensor with ``stores_grad=True`` and
     every tensor of ``wanted`` (``{(tensor.creator, id(tensor)): tensor}``) as soon as its
     gradient is complete. Without ``retain_graph`` every operator passed is freed (released
-    and marked, so that a later walk through it raises)."""
+    and marked, so that a later walk through it raises).
+
+    A walk that recurs (the same operators, shapes and uses as an earlier one; see
+    :func:`fused_backward`) runs as one kernel: every pullback and every sum of the walk, then
+    the same yields in the same order."""
     wanted = wanted or {}
+    fused = _fused_walk(roots, wanted)
+    if fused is not None:
+        ops, yields = fused
+        if not retain_graph:
+            for op in ops:
+                op.release()
+                op.freed = True
+        yield from yields
+        return
+
+    def run(op: Operator, dys: list) -> Tuple[Any, ...]:
+        dxs = op._do_backward(*dys)
+        if not retain_graph:
+            op.release()
+            op.freed = True
+        return dxs
+
+    yield from _walk(roots, wanted, run)
+
+
+def _walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Tensor],
+          run: Callable[[Operator, list], Tuple[Any, ...]],
+          add: Callable[[Any, Any], Any] = operator.add) -> Iterator[Tuple[Tensor, Any, str]]:
+    """The walk itself, for any gradient values: ``run(op, dys)`` returns op's input gradients
+    (None where there is none) for its outputs' gradients ``dys``; ``add`` sums two."""
     ops = list({y.creator: None for y, _ in roots if _walks_into(y.creator)})
     node_uses, tensor_uses = _uses(ops)
     not_ready: Dict[Node, list] = {}  # node -> gradients of its outputs summed so far
     for y, g in roots:  # a root may also be used by another root's graph: sum, then wait
         grads = not_ready.setdefault(y.creator, [None] * len(y.creator.y_id2idx))
         idx = y.creator.y_id2idx[id(y)]
-        grads[idx] = g if grads[idx] is None else grads[idx] + g
+        grads[idx] = g if grads[idx] is None else add(grads[idx], g)
     ready = []
     yielded = set()
     for y, _ in roots:
@@ -273,8 +317,8 @@ def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool 
             del not_ready[creator]
     while ready:
         op, dys = ready.pop()
-        dxs = op._do_backward(*dys)
-        src = op.src
+        src = op.src  # read first: run may release the op
+        dxs = run(op, dys)
         if len(dxs) != len(src):
             raise RuntimeError(f"{op.name}: backward returned {len(dxs)} gradients for "
                                f"{len(src)} inputs")
@@ -294,7 +338,7 @@ def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool 
                 tensor_left = tensor_uses[src_op, x_id] - 1
                 tensor_uses[src_op, x_id] = tensor_left
             if dx is not None:
-                grads[y_idx] = dx if grads[y_idx] is None else grads[y_idx] + dx
+                grads[y_idx] = dx if grads[y_idx] is None else add(grads[y_idx], dx)
             if tensor_left == 0 and grads[y_idx] is not None:
                 if x_stores_grad:
                     yield x, grads[y_idx], src_op.grad_name(y_idx)
@@ -304,9 +348,133 @@ def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool 
                 if _walks_into(src_op):
                     ready.append((src_op, grads))
                 del not_ready[src_op]
-        if not retain_graph:
-            op.release()
-            op.freed = True
+
+
+# --------------------------------------------------------------------------------------------
+# Fused walks: a recurring walk as one kernel
+# --------------------------------------------------------------------------------------------
+# Eagerly every operator's pullback is its own kernel call, and every sum of two gradients a
+# jnp call: a small model's backward pays a dispatch per op. A walk is a fixed recipe once its
+# operators, their shapes and their uses are known, so it is first walked symbolically (the
+# same _walk over value numbers instead of arrays), which writes the recipe as a plan; a plan
+# seen before runs as one jitted replay over the operators' pullback states (their residuals):
+# the same operations in the same order, so the same gradients up to rounding (XLA fuses
+# across operators, and may then sum in another order).
+_FUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("singa_jax.fused_backward",
+                                                              default=True)
+FUSED_WALK_MAX_OPS = 64  # a larger walk compiles for seconds and saves little: its ops are heavy
+_PLANS_KEPT = 512  # plans remembered (then fused on recurrence); others walk op by op
+_seen_plans: Dict[Tuple, int] = {}  # plan -> -1 when seen once, then its id in _plan_table
+_plan_table: list = []  # (steps, outputs) of every plan replayed
+_plans_lock = threading.Lock()
+
+
+class fused_backward:
+    """Whether a recurring backward walk runs as one kernel (default True), for the duration of
+    a ``with`` block (this thread only). ``fused_backward(False)`` walks op by op, one
+    pullback kernel per operator: the gradients are the same."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = bool(enabled)
+        self._tokens: list = []
+
+    def __enter__(self) -> None:
+        self._tokens.append(_FUSED.set(self.enabled))
+
+    def __exit__(self, *exc: Any) -> None:
+        _FUSED.reset(self._tokens.pop())
+
+
+class _NotReplayable(Exception):
+    """An operator of the walk has no pure pullback (a user's operator, SINGA's conventions)."""
+
+
+_ADD = "+"
+
+
+class _Plan:
+    """What a symbolic walk records: ``steps`` (``(_ADD, a, b)`` or ``(k, pull, spec, dy refs)``
+    for the k-th operator), ``states`` (each operator's pullback state) and the number of
+    values so far (roots first, then each step's results in order)."""
+
+    def __init__(self, n_roots: int):
+        self.steps: list = []
+        self.states: list = []
+        self.ops: list = []
+        self.n_values = n_roots
+
+    def new(self) -> int:
+        self.n_values += 1
+        return self.n_values - 1
+
+    def add(self, a: int, b: int) -> int:
+        self.steps.append((_ADD, a, b))
+        return self.new()
+
+    def run(self, op: Operator, dys: list) -> Tuple[Any, ...]:
+        step = op.pullback_step() if len(self.ops) < FUSED_WALK_MAX_OPS else None
+        if step is None:
+            raise _NotReplayable
+        pull, spec, state, gives = step
+        self.steps.append((len(self.ops), pull, spec, tuple(dys)))
+        self.states.append(state)
+        self.ops.append(op)
+        return tuple(self.new() if g else None for g in gives)
+
+
+def _fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Tensor]
+                ) -> Optional[Tuple[list, list]]:
+    """(operators walked, the walk's yields) computed by one replay kernel, or None when this
+    walk goes op by op: inside a trace (already one program), fused walks off, an operator
+    without a pure pullback, several devices, or a plan not seen before."""
+    if not _FUSED.get() or any(isinstance(g, jax.core.Tracer) for _, g in roots):
+        return None
+    plan = _Plan(len(roots))
+    try:
+        yields = list(_walk([(y, i) for i, (y, _) in enumerate(roots)], wanted, plan.run,
+                            plan.add))
+    except _NotReplayable:
+        return None
+    if not plan.ops:
+        return None
+    device = plan.ops[0].device
+    if any(op.device is not device for op in plan.ops):
+        return None
+    key = (tuple(plan.steps), tuple(ref for _, ref, _ in yields))
+    plan_id = _seen_plans.get(key)
+    if plan_id is None or plan_id < 0:
+        with _plans_lock:  # threads walking at once must not share an id
+            plan_id = _seen_plans.get(key)
+            if plan_id is None:  # first seen: op by op, and remembered
+                if len(_seen_plans) < _PLANS_KEPT:
+                    _seen_plans[key] = -1
+                return None
+            if plan_id < 0:
+                plan_id = _seen_plans[key] = len(_plan_table)
+                _plan_table.append(key)
+    values = _replay(plan_id, plan.states, [g for _, g in roots])
+    return plan.ops, [(x, v, name) for (x, _, name), v in zip(yields, values)]
+
+
+def _apply_pullback(vjp: Callable, cotangents: Any) -> Any:
+    return vjp(cotangents)
+
+
+@partial(kernel, static_argnums=0)
+def _replay(plan_id: int, states: list, roots: list) -> list:
+    """Plan ``plan_id`` (its steps and outputs in ``_plan_table``: the id keeps the kernel's
+    cache key one int) run on the pullback ``states`` from the ``roots``' gradients."""
+    steps, outs = _plan_table[plan_id]
+    values = list(roots)
+    for step in steps:
+        if step[0] is _ADD:
+            values.append(values[step[1]] + values[step[2]])
+        else:
+            k, pull, spec, refs = step
+            dxs = pull(spec, states[k], [None if r is None else values[r] for r in refs],
+                       _apply_pullback)
+            values.extend(d for d in dxs if d is not None)
+    return [values[r] for r in outs]
 
 
 def backward(y: Tensor, dy: Any = None) -> Iterator[Tuple[Tensor, Tensor]]:

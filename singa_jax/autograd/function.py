@@ -109,6 +109,24 @@ def _pullback(vjp_fn, dys):
     return vjp_fn(dys)
 
 
+def _pull(spec: Tuple, vjp: Callable, dys: Sequence[Any], apply: Optional[Callable] = None
+          ) -> Tuple[Any, ...]:
+    """A Function's backward as a pure function: ``vjp`` (the forward's pullback) applied by
+    ``apply`` (default: the ``_pullback`` kernel) to the cotangents made from ``dys``; one
+    gradient per input, None where ``spec``'s ``diff`` gives none. ``spec`` is ``(diff,
+    outputs' (shape, dtype), several outputs)``."""
+    diff, out, several = spec
+    if several:
+        cts = tuple(_cotangent(d, *o) for d, o in zip(dys, out))
+    else:
+        cts = _cotangent(dys[0], *out[0])
+    grads = (apply or _pullback)(vjp, cts)
+    if len(grads) == len(diff):  # every input gets its gradient
+        return grads
+    grads = iter(grads)
+    return tuple(next(grads) if d else None for d in diff)
+
+
 def _cotangent(dy, shape: Tuple[int, ...], dtype: Any) -> Any:
     """``dy`` made to fit an output of ``shape``/``dtype``: None means zero; integer outputs
     take float0 zeros."""
@@ -142,11 +160,17 @@ class Function(Operator):
 
     # whether the class declares state (overrides reads, writes or needs_key); set per class
     _declares_state = False
+    # whether ``backward`` is the forward's pullback, so a fused walk may run it as data
+    # (``pullback_step``); a class overriding backward with another gradient is not, unless
+    # it says so
+    backward_is_pullback = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._declares_state = any(getattr(cls, m) is not getattr(Function, m)
                                   for m in ("reads", "writes", "needs_key"))
+        if "backward" in cls.__dict__ and "backward_is_pullback" not in cls.__dict__:
+            cls.backward_is_pullback = False
 
     def __init__(self, name: Optional[str] = None, **static):
         super().__init__(name)
@@ -227,17 +251,13 @@ class Function(Operator):
             raise RuntimeError(
                 f"{type(self).__name__}.backward: no forward state; run the forward pass with "
                 f"autograd.training = True (and an input that requires grad) before backward")
-        if self._several_outputs:
-            cts = tuple(_cotangent(d, *spec) for d, spec in zip(dys, self._out))
-        else:
-            cts = _cotangent(dys[0], *self._out[0])
         # the pullback is kept: the graph may be back-propagated again (release() drops it)
-        grads = _pullback(vjp, cts)
-        diff = self._diff
-        if len(grads) == len(diff):  # every input gets its gradient
-            return grads
-        grads = iter(grads)
-        return tuple(next(grads) if d else None for d in diff)
+        return _pull((self._diff, self._out, self._several_outputs), vjp, dys)
+
+    def pullback_step(self):
+        if self._vjp is None or not self.backward_is_pullback:
+            return None
+        return _pull, (self._diff, self._out, self._several_outputs), self._vjp, self._diff
 
     def _singa_backward(self, dys: tuple):
         """``backward`` called directly, SINGA style (``y.creator.backward(dy.data)``; a loss's

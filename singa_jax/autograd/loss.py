@@ -213,6 +213,8 @@ class RankingLoss(Function):
             raise InvalidInput(f"RankingLoss: {msg}")
         return super().forward(pos, neg)
 
+    backward_is_pullback = True  # only dy's default differs
+
     def backward(self, dy=1.0):
         return super().backward(dy)
 

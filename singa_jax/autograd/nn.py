@@ -505,6 +505,8 @@ class Dropout(Function):
     def forward(self, x):
         return x if self._identity else super().forward(x)
 
+    backward_is_pullback = True  # when not the identity (then a walk runs it op by op)
+
     def backward(self, dy):
         return dy if self._identity else super().backward(dy)
 

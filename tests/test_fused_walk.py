@@ -1,0 +1,254 @@
+"""Fused backward walks (autograd/engine.py): a walk that recurs runs as one replay kernel.
+
+The first walk of a graph goes op by op and writes its plan; the same plan met again runs every
+pullback and sum in one jitted replay. Gradients, their names and the order they are yielded in
+must be those of the op-by-op walk (values up to rounding: XLA fuses across operators), and
+every walk the replay cannot express must still go op by op.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from singa_jax import autograd, modes, tensor
+from singa_jax.autograd import engine
+from singa_jax.autograd.function import Function
+from singa_jax.tensor import Tensor
+
+pytestmark = pytest.mark.usefixtures("training_mode")
+
+
+@pytest.fixture
+def counted(monkeypatch) -> Dict[str, int]:
+    """Counts replay kernels run and operators' backwards called one by one."""
+    counts = {"replays": 0, "op backwards": 0}
+    replay, do_backward = engine._replay, engine.Operator._do_backward
+
+    def counting_replay(*args):
+        counts["replays"] += 1
+        return replay(*args)
+
+    def counting_do_backward(self, *dys):
+        counts["op backwards"] += 1
+        return do_backward(self, *dys)
+
+    monkeypatch.setattr(engine, "_replay", counting_replay)
+    monkeypatch.setattr(engine.Operator, "_do_backward", counting_do_backward)
+    monkeypatch.setattr(engine, "_seen_plans", {})
+    return counts
+
+
+def _arrays() -> Dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return dict(x=rng.normal(size=(8, 5)).astype(np.float32),
+                w=rng.normal(size=(5, 6)).astype(np.float32),
+                b=rng.normal(size=(6,)).astype(np.float32),
+                emb=rng.normal(size=(7, 2)).astype(np.float32),
+                idx=rng.integers(0, 7, size=(8,)).astype(np.int32),
+                labels=rng.integers(0, 2, size=(8,)).astype(np.int32))
+
+
+def _loss(a: Dict[str, np.ndarray], params: Dict[str, Tensor]) -> Tensor:
+    """A graph with every case the walk's bookkeeping has: a plain leaf (no gradient), a
+    parameter used twice, a tensor used by two ops (its gradients summed), an op with several
+    outputs one of which is unused, integer inputs, a target without gradient."""
+    x = Tensor(data=a["x"])
+    w, b, emb = params["w"], params["b"], params["emb"]
+    h = autograd.add_bias(autograd.matmul(x, w), b)
+    h = autograd.add(autograd.mul(h, h), autograd.tanh(h))  # h used three times
+    left, right, _unused = autograd.split(h, 1, [2, 2, 2])
+    e = autograd.reshape(autograd.embedding(Tensor(data=a["idx"], requires_grad=False), emb),
+                         [8, -1])
+    w2 = autograd.reshape(autograd.matmul(autograd.transpose(w, (1, 0)), w), [-1])  # w again
+    logits = autograd.add(autograd.add(autograd.relu(left), autograd.sigmoid(right)), e)
+    loss = autograd.softmax_cross_entropy(logits, Tensor(data=a["labels"]))
+    return autograd.add(loss, autograd.mul(autograd.reduce_mean(w2), tensor.from_numpy(
+        np.array([1e-3], np.float32))))
+
+
+def _params(a: Dict[str, np.ndarray]) -> Dict[str, Tensor]:
+    return {k: Tensor(data=a[k], stores_grad=True) for k in ("w", "b", "emb")}
+
+
+def _walk(a, params, fused: bool) -> List[Tuple[str, str, np.ndarray]]:
+    """(param, gradient name, gradient) in the order backward yields them."""
+    names = {id(t): k for k, t in params.items()}
+    with autograd.fused_backward(fused):
+        loss = _loss(a, params)
+        return [(names[id(p)], g.name.split("#")[0], np.asarray(g.array))
+                for p, g in autograd.backward(loss)]
+
+
+def _reference(a) -> Dict[str, np.ndarray]:
+    def f(w, b, emb):
+        h = a["x"] @ w + b
+        h = h * h + jnp.tanh(h)
+        z = jax.nn.relu(h[:, :2]) + jax.nn.sigmoid(h[:, 2:4]) + emb[a["idx"]]
+        ce = -jnp.mean(jax.nn.log_softmax(z)[jnp.arange(8), a["labels"]])
+        return ce + 1e-3 * jnp.mean(w.T @ w)
+
+    return dict(zip(("w", "b", "emb"), jax.grad(f, argnums=(0, 1, 2))(a["w"], a["b"],
+                                                                        a["emb"])))
+
+
+def test_a_recurring_walk_runs_as_one_kernel_with_the_op_by_op_gradients(counted):
+    a = _arrays()
+    stepwise = _walk(a, _params(a), fused=False)
+    assert counted["replays"] == 0
+    walked = counted["op backwards"]
+    assert walked >= 12
+    first = _walk(a, _params(a), fused=True)  # a new plan: op by op, and remembered
+    assert counted == {"replays": 0, "op backwards": 2 * walked}
+    for _ in range(2):
+        again = _walk(a, _params(a), fused=True)  # the plan recurs: one replay, no op backward
+        assert [(p, n) for p, n, _ in again] == [(p, n) for p, n, _ in stepwise]
+        for (p, _, g), (_, _, want) in zip(again, stepwise):
+            np.testing.assert_allclose(g, want, rtol=1e-6, atol=1e-7, err_msg=p)
+    assert counted == {"replays": 2, "op backwards": 2 * walked}
+    assert [(p, n) for p, n, _ in first] == [(p, n) for p, n, _ in stepwise]
+    ref = _reference(a)
+    for p, _, g in again:
+        np.testing.assert_allclose(g, ref[p], rtol=1e-5, atol=1e-6, err_msg=p)
+
+
+def test_fused_walks_train_the_same_weights(counted):
+    """Eager SGD steps through the optimizer: fused and op by op end on the same weights."""
+    from singa_jax import opt
+    a = _arrays()
+    ends = []
+    for fused in (False, True):
+        params = _params(a)
+        sgd = opt.SGD(lr=0.1, momentum=0.9)
+        losses = []
+        with autograd.fused_backward(fused):
+            for _ in range(5):
+                loss = _loss(a, params)
+                sgd(loss)
+                losses.append(float(np.asarray(loss.array).reshape(())))
+        assert losses[-1] < losses[0]
+        ends.append({k: np.asarray(t.array) for k, t in params.items()})
+    assert counted["replays"] == 4  # the first step's walk is new: steps 2-5 replay it
+    for k in ends[0]:
+        np.testing.assert_allclose(ends[1][k], ends[0][k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_pytorch_style_walks_free_the_graph_when_fused(counted):
+    a = _arrays()
+    for i in range(3):
+        params = {k: tensor.tensor(a[k], requires_grad=True) for k in ("w", "b")}
+        x = tensor.tensor(a["x"])
+        y = autograd.reduce_sum(autograd.tanh(autograd.add_bias(autograd.matmul(
+            x, params["w"]), params["b"])))
+        y.backward()
+        h = np.tanh(a["x"] @ a["w"] + a["b"])
+        np.testing.assert_allclose(np.asarray(params["w"].grad.array), a["x"].T @ (1 - h * h),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(params["b"].grad.array), (1 - h * h).sum(0),
+                                   rtol=1e-5, atol=1e-6)
+        with pytest.raises(RuntimeError, match="already freed"):
+            y.backward()
+    assert counted["replays"] == 2
+
+
+def test_wanted_intermediates_match_the_op_by_op_walk(counted):
+    a = _arrays()
+    results = []
+    for fused in (False, True, True):
+        with autograd.fused_backward(fused):
+            t = tensor.tensor(a["x"], requires_grad=True)
+            w = tensor.tensor(a["w"], requires_grad=True)
+            mid = autograd.tanh(autograd.matmul(t, w))
+            out = autograd.grad(autograd.reduce_sum(autograd.mul(mid, mid)), [mid, t])
+            results.append([np.asarray(g.array) for g in out])
+    assert counted["replays"] == 1
+    for got, want in zip(results[2], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    m = np.tanh(a["x"] @ a["w"])
+    np.testing.assert_allclose(results[2][0], 2 * m, rtol=1e-6)
+
+
+class _StraightThrough(Function):
+    """round(x) with the identity as gradient: a backward that is not the pullback."""
+
+    fn = staticmethod(jnp.round)
+
+    def backward(self, dy):
+        return (dy,)
+
+
+class _UserScale(autograd.Operator):
+    """A SINGA-style user operator (CTensors in and out): twice its input."""
+
+    def forward(self, x):
+        return x * 2.0
+
+    def backward(self, dy):
+        return dy * 2.0
+
+
+@pytest.mark.parametrize("case", ["custom backward", "user operator", "identity dropout",
+                                  "too many ops"])
+def test_walks_the_replay_cannot_express_go_op_by_op(case, counted, monkeypatch):
+    if case == "too many ops":
+        monkeypatch.setattr(engine, "FUSED_WALK_MAX_OPS", 2)
+    a = _arrays()
+    for _ in range(3):
+        w = Tensor(data=a["w"], stores_grad=True)
+        h = autograd.matmul(Tensor(data=a["x"] * 3.3), w)
+        if case == "custom backward":
+            h = _StraightThrough()(h)[0]
+        elif case == "user operator":
+            h = _UserScale()(h)[0]
+        elif case == "identity dropout":
+            h = autograd.dropout(h, ratio=0.0)
+        (p, g), = autograd.backward(autograd.reduce_sum(autograd.tanh(h)))
+        hv = a["x"] * 3.3 @ a["w"]
+        if case == "custom backward":
+            want = (a["x"] * 3.3).T @ (1 - np.tanh(np.round(hv)) ** 2)
+        elif case == "user operator":
+            want = 2 * (a["x"] * 3.3).T @ (1 - np.tanh(2 * hv) ** 2)
+        else:
+            want = (a["x"] * 3.3).T @ (1 - np.tanh(hv) ** 2)
+        np.testing.assert_allclose(np.asarray(g.array), want, rtol=1e-4, atol=1e-5)
+    assert counted["replays"] == 0
+
+
+def test_threads_walking_different_graphs_get_their_own_gradients(counted):
+    """Plans registered by several threads at once get distinct ids: each thread's replays
+    give its own graph's gradients."""
+    import threading
+
+    rng = np.random.default_rng(5)
+    cases = {"tanh": (autograd.tanh, lambda h: 1 - np.tanh(h) ** 2),
+             "sigmoid": (autograd.sigmoid, lambda h: (s := 1 / (1 + np.exp(-h))) * (1 - s)),
+             "relu": (autograd.relu, lambda h: (h > 0).astype(np.float32))}
+    data = {k: (rng.normal(size=(4, 3 + i)).astype(np.float32),
+                rng.normal(size=(3 + i, 2)).astype(np.float32)) for i, k in enumerate(cases)}
+    errors = []
+
+    def work(name: str) -> None:
+        op, derivative = cases[name]
+        x, w = data[name]
+        try:
+            with modes.training_mode(True):  # the fixture's mode is this thread's
+                for _ in range(6):
+                    wt = Tensor(data=w, stores_grad=True)
+                    (p, g), = autograd.backward(autograd.reduce_sum(op(autograd.matmul(
+                        Tensor(data=x), wt))))
+                    np.testing.assert_allclose(np.asarray(g.array), x.T @ derivative(x @ w),
+                                               rtol=1e-5, atol=1e-6)
+        except Exception as e:  # reported below: pytest sees no exception raised in a thread
+            errors.append((name, e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in cases for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    # 36 walks; per case the first (or, when two threads meet it at once, two) go op by op
+    assert counted["replays"] >= 36 - 2 * 3
