@@ -7,6 +7,7 @@ every walk the replay cannot express must still go op by op.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, List, Tuple
 
 import jax
@@ -17,6 +18,7 @@ import pytest
 from singa_jax import autograd, modes, tensor
 from singa_jax.autograd import engine
 from singa_jax.autograd.function import Function
+from singa_jax.opt import optimizers
 from singa_jax.tensor import Tensor
 
 pytestmark = pytest.mark.usefixtures("training_mode")
@@ -40,6 +42,9 @@ def counted(monkeypatch) -> Dict[str, int]:
     monkeypatch.setattr(engine.Operator, "_do_backward", counting_do_backward)
     monkeypatch.setattr(engine, "_seen_plans", {})
     return counts
+
+
+_nothing = contextlib.nullcontext
 
 
 def _arrays() -> Dict[str, np.ndarray]:
@@ -71,7 +76,7 @@ def _loss(a: Dict[str, np.ndarray], params: Dict[str, Tensor]) -> Tensor:
 
 
 def _params(a: Dict[str, np.ndarray]) -> Dict[str, Tensor]:
-    return {k: Tensor(data=a[k], stores_grad=True) for k in ("w", "b", "emb")}
+    return {k: Tensor(data=a[k], stores_grad=True, name=k) for k in ("w", "b", "emb")}
 
 
 def _walk(a, params, fused: bool) -> List[Tuple[str, str, np.ndarray]]:
@@ -102,38 +107,74 @@ def test_a_recurring_walk_runs_as_one_kernel_with_the_op_by_op_gradients(counted
     walked = counted["op backwards"]
     assert walked >= 12
     first = _walk(a, _params(a), fused=True)  # a new plan: op by op, and remembered
-    assert counted == {"replays": 0, "op backwards": 2 * walked}
+    assert counted["replays"] == 0 and counted["op backwards"] == 2 * walked
     for _ in range(2):
         again = _walk(a, _params(a), fused=True)  # the plan recurs: one replay, no op backward
         assert [(p, n) for p, n, _ in again] == [(p, n) for p, n, _ in stepwise]
         for (p, _, g), (_, _, want) in zip(again, stepwise):
             np.testing.assert_allclose(g, want, rtol=1e-6, atol=1e-7, err_msg=p)
-    assert counted == {"replays": 2, "op backwards": 2 * walked}
+    assert counted["replays"] == 2 and counted["op backwards"] == 2 * walked
     assert [(p, n) for p, n, _ in first] == [(p, n) for p, n, _ in stepwise]
     ref = _reference(a)
     for p, _, g in again:
         np.testing.assert_allclose(g, ref[p], rtol=1e-5, atol=1e-6, err_msg=p)
 
 
-def test_fused_walks_train_the_same_weights(counted):
-    """Eager SGD steps through the optimizer: fused and op by op end on the same weights."""
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
+def test_eager_training_steps_walk_as_one_kernel_from_the_second(optimizer, counted):
+    """Eager steps through ``opt(loss)``: from the second step each walk is one kernel; fused
+    and op by op end on the same weights and optimizer state."""
     from singa_jax import opt
     a = _arrays()
-    ends = []
+    ends, walked = [], []
     for fused in (False, True):
         params = _params(a)
-        sgd = opt.SGD(lr=0.1, momentum=0.9)
+        o = opt.SGD(lr=0.1, momentum=0.9) if optimizer == "SGD" else opt.Adam(lr=0.01)
         losses = []
+        before = counted["op backwards"]
         with autograd.fused_backward(fused):
             for _ in range(5):
                 loss = _loss(a, params)
-                sgd(loss)
+                o(loss)
                 losses.append(float(np.asarray(loss.array).reshape(())))
+        walked.append(counted["op backwards"] - before)
         assert losses[-1] < losses[0]
-        ends.append({k: np.asarray(t.array) for k, t in params.items()})
-    assert counted["replays"] == 4  # the first step's walk is new: steps 2-5 replay it
+        ends.append({**{k: np.asarray(t.array) for k, t in params.items()},
+                     **{k: np.asarray(t.array) for k, t in o.get_states().items()}})
+    # the first step's walk is new: op by op; steps 2-5 each one kernel
+    assert counted["replays"] == 4
+    assert walked[1] == walked[0] // 5
+    assert ends[0].keys() == ends[1].keys() and len(ends[0]) > 3
     for k in ends[0]:
         np.testing.assert_allclose(ends[1][k], ends[0][k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_a_fused_step_with_nonfinite_gradients_is_skipped(counted):
+    """The non-finite guard after a fused walk: a NaN gradient leaves every param and slot as
+    it was and counts the skip."""
+    from singa_jax import opt
+    a = _arrays()
+    params = _params(a)
+    sgd = opt.SGD(lr=0.1, momentum=0.9)
+    scale = np.ones((1,), np.float32)
+    for step in range(4):
+        loss = _loss(a, params)
+        if step == 3:
+            scale[0] = np.nan
+            before = {k: np.asarray(t.array) for k, t in {**params, **sgd.get_states()}.items()
+                      if k != "step_counter"}
+        with pytest.warns(optimizers.NonFiniteStepWarning) if step == 3 else _nothing():
+            sgd(autograd.mul(loss, tensor.from_numpy(scale)))
+            if step == 3:
+                sgd._report_skipped_steps()
+                jax.block_until_ready(sgd.skipped_steps.array)
+                sgd._report_skipped_steps()
+    assert counted["replays"] == 3
+    after = {k: np.asarray(t.array) for k, t in {**params, **sgd.get_states()}.items()
+             if k != "step_counter"}
+    for k in before:
+        np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+    assert float(np.asarray(sgd.skipped_steps.array).reshape(())) == 1
 
 
 def test_pytorch_style_walks_free_the_graph_when_fused(counted):
