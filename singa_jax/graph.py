@@ -266,6 +266,7 @@ class GraphRunner:
         self.trace_count = 0
         self.compile_count = 0  # XLA compilations of whole steps (one per signature, normally)
         self.last_compile_seconds = 0.0
+        self.last_compile_options: Dict[str, Any] = {}  # XLA options of the last compile
         self._declared_ids: Tuple[Any, Tuple[int, ...]] = (None, ())
         self._last: Tuple[Any, Any] = (None, None)  # (key, program) of the last compiled call
         self._one_offs: Dict[str, int] = {}  # consecutive non-cacheable traces, per method
@@ -520,14 +521,19 @@ class GraphRunner:
         donated_arrays = [holders[i] for i in layout.donated]
         read_arrays = [holders[i] for i in layout.read]
         platform = platform_of(holders + batch_arrays)
+
+        def options_for(lowered: Any) -> Optional[dict]:
+            self.last_compile_options = compile_options(platform, one_off, program=lowered)
+            return self.last_compile_options or None
+
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
             if spmd is None:
                 lowered = jax.jit(layout.program, donate_argnums=0).lower(
                     donated_arrays, read_arrays, batch_arrays)
-                return lowered.compile(compile_options(platform, one_off) or None)
+                return lowered.compile(options_for(lowered))
             return spmd.compile(layout.program, donated_arrays, read_arrays, batch_arrays,
-                                compile_options(platform, one_off) or None)
+                                options_for)
 
     @staticmethod
     def _undo_trace(state, originals, devices, original_keys, recorder: _Recorder) -> None:

@@ -2,10 +2,10 @@
 
 * On CPU, XLA turns convolutions into YNNPACK fusions that are 2-3x slower than its own Eigen
   convolutions on the CPUs measured (LeNet's conv2 forward 4.2 vs 1.7 ms, its weight gradient 5.7
-  vs 1.8 ms; see docs/performance.md); an empty fusion type turns them off. YNNPACK for dots
-  and reductions only was measured too: MLP, LeNet and ResNet-50 steps 6-15% faster, Xception's
-  25-30% slower (XLA then materialises every tap of its depthwise convolutions), so it is not
-  the default. Never applied on GPU/TPU.
+  vs 1.8 ms; see docs/performance.md); an empty fusion type turns them off. A compiled step
+  whose program holds no depthwise convolution takes YNNPACK for single dots and reductions
+  (``CPU_STEP_OPTIONS``: LeNet's step 10-16% faster, ResNet-50's ~5%; Xception's, with
+  depthwise convolutions, 25-30% slower). Never applied on GPU/TPU.
 * Eager kernels (each op's forward and pullback, the ONNX backend's and the CTensor layer's
   convolution kernels) are made by :func:`kernel`: ``jax.jit`` with the default backend's options,
   resolved at the first call (importing singa_jax must not initialise a backend: XLA_FLAGS and
@@ -30,12 +30,23 @@ import jax.numpy as jnp
 
 from . import host_memory
 
-__all__ = ["compile_options", "kernel", "platform_of"]
+__all__ = ["compile_options", "called_functions", "kernel", "platform_of"]
 
 # Each CPU option with its values, best first: the first one this jaxlib accepts is used.
 CPU_OPTIONS: Dict[str, Tuple[Any, ...]] = {
     # no YNNPACK fusions (see the module docstring)
     "xla_cpu_experimental_ynn_fusion_type": ("",),
+}
+# What a compiled step (graph mode's program) takes instead, on CPU, unless its program calls a
+# function named with one of the given words: each option's values (best first) and those
+# words. YNNPACK for single dots and reductions made LeNet's step 10-16% and ResNet-50's ~5%
+# faster, but a program with depthwise convolutions 25-30% slower (XLA then materialises every
+# tap; autograd/conv_cpu.py names their function so).
+DEPTHWISE_CONVOLUTION = "depthwise_convolution"
+CPU_STEP_OPTIONS: Dict[str, Tuple[Tuple[Any, ...], Tuple[str, ...]]] = {
+    "xla_cpu_experimental_ynn_fusion_type": (
+        ("LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE",),
+        (DEPTHWISE_CONVOLUTION,)),
 }
 ONE_OFF_OPTIONS: Dict[str, Any] = {"xla_backend_optimization_level": 0,
                                    "xla_llvm_disable_expensive_passes": True}
@@ -52,21 +63,45 @@ def supported(platform: str, name: str, value: Hashable) -> bool:
     return True
 
 
-def compile_options(platform: str, one_off: bool = False) -> Dict[str, Any]:
-    """The options for a step on ``platform`` ('cpu', 'gpu', 'tpu'): the CPU ones (never on
-    another backend), plus the cheap-compile ones for a program that runs once; only those this
-    jaxlib supports."""
+def compile_options(platform: str, one_off: bool = False, program: Any = None
+                    ) -> Dict[str, Any]:
+    """The options for a program on ``platform`` ('cpu', 'gpu', 'tpu'): the CPU ones (never on
+    another backend), those of a compiled step when ``program`` (its ``jax.stages.Lowered``) is
+    given and calls none of the functions that make them slower, plus the cheap-compile ones
+    for a program that runs once; only those this jaxlib supports."""
     options: Dict[str, Any] = {}
     if platform == "cpu":
         host_memory.tune()  # XLA:CPU's buffers are host allocations (see host_memory)
-        for name, choices in CPU_OPTIONS.items():
-            for value in choices:
-                if supported(platform, name, value):
-                    options[name] = value
-                    break
+        _choose(options, platform, CPU_OPTIONS)
+        called = None if program is None else called_functions(program)
+        if called is not None:
+            _choose(options, platform, {
+                name: values for name, (values, unless) in CPU_STEP_OPTIONS.items()
+                if not any(word in f for f in called for word in unless)})
     if one_off:
         options.update((k, v) for k, v in ONE_OFF_OPTIONS.items() if supported(platform, k, v))
     return options
+
+
+def _choose(options: Dict[str, Any], platform: str, table: Dict[str, Tuple[Any, ...]]) -> None:
+    """Set each option of ``table`` to its first value ``platform`` accepts (if any)."""
+    for name, choices in table.items():
+        for value in choices:
+            if supported(platform, name, value):
+                options[name] = value
+                break
+
+
+def called_functions(program: Any) -> Optional[Tuple[str, ...]]:
+    """The names of the functions in a lowered program's module (``jax.jit`` lowers each jitted
+    function it calls to one, named after it: ``depthwise_convolution``,
+    ``depthwise_convolution_0``...); None when the module cannot be read."""
+    try:
+        module = program.compiler_ir("stablehlo")
+        return tuple(str(op.attributes["sym_name"]).strip('"')
+                     for op in module.body.operations)
+    except Exception:  # noqa: BLE001 -- unknown: the step keeps the options of every program
+        return None
 
 
 def platform_of(arrays: Sequence[Any]) -> str:

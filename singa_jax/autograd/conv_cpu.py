@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+
 __all__ = ["conv", "convolve", "xla_conv"]
 
 Pair = Tuple[int, int]
@@ -203,7 +204,7 @@ conv.defvjp(_conv_fwd, _conv_bwd)
 
 
 # --- depthwise -----------------------------------------------------------------------------------
-def _depthwise_shifts(x, W, stride: Pair, pads: Pads, dilation: Pair):
+def depthwise_convolution(x, W, stride: Pair, pads: Pads, dilation: Pair):
     """y[n, o, h, w] = sum_{i, j} W[o, 0, i, j] * xpad[n, o // m, s*h + d*i, s*w + d*j], output
     channel o reading input channel o // m (m = the channel multiplier)."""
     multiplier = W.shape[0] // x.shape[1]
@@ -216,3 +217,9 @@ def _depthwise_shifts(x, W, stride: Pair, pads: Pads, dilation: Pair):
         term = window * W[:, 0, tap // kw, tap % kw].reshape(1, -1, 1, 1)
         y = term if y is None else y + term
     return y
+
+
+# A jitted function of its own: a compiled step's lowered module then holds a function named
+# after it (xla_options.DEPTHWISE_CONVOLUTION; its gradient's too), and such a step keeps
+# YNNPACK off (xla_options.CPU_STEP_OPTIONS).
+_depthwise_shifts = jax.jit(depthwise_convolution, static_argnums=(2, 3, 4))

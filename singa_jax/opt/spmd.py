@@ -128,15 +128,16 @@ class SpmdStep:
         return out
 
     def compile(self, program: Callable, donated: list, read: list, batch: list,
-                options: Optional[dict]) -> "_SpmdProgram":
-        """Compile ``program(donated, read, batch)`` (graph mode's trimmed step) for the mesh."""
+                options_for: Callable[[Any], Optional[dict]]) -> "_SpmdProgram":
+        """Compile ``program(donated, read, batch)`` (graph mode's trimmed step) for the mesh,
+        with the options ``options_for(lowered program)``."""
         repl, split = self.replicated, self.split
         lowered = jax.jit(program, donate_argnums=0,
                           in_shardings=([repl] * len(donated), [repl] * len(read),
                                         [split] * len(batch))).lower(
             self._global_avals(donated, repl), self._global_avals(read, repl),
             self._global_avals(batch, split))
-        return _SpmdProgram(self, lowered.compile(options), donated, read, batch,
+        return _SpmdProgram(self, lowered.compile(options_for(lowered)), donated, read, batch,
                             list(self._result_order))
 
 
