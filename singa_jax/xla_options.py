@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from . import host_memory
 
-__all__ = ["compile_options", "called_functions", "kernel", "platform_of"]
+__all__ = ["compile_options", "called_functions", "kernel", "no_trace_running", "platform_of"]
 
 # Each CPU option with its values, best first: the first one this jaxlib accepts is used.
 CPU_OPTIONS: Dict[str, Tuple[Any, ...]] = {
@@ -114,9 +114,9 @@ def platform_of(arrays: Sequence[Any]) -> str:
 
 try:  # jax.jit refuses compiler_options on a jit called inside another trace
     from jax._src.core import trace_ctx as _trace_ctx
-    _no_trace_running = _trace_ctx.is_top_level
-except (ImportError, AttributeError):  # a JAX without it: kernels go without the options
-    def _no_trace_running() -> bool:
+    no_trace_running = _trace_ctx.is_top_level
+except (ImportError, AttributeError):  # a JAX without it: answers "a trace may be running"
+    def no_trace_running() -> bool:
         return False
 
 
@@ -132,7 +132,7 @@ def kernel(fun: Optional[Callable] = None, **jit_kwargs: Any) -> Callable:
 
     def call(*args: Any, **kwargs: Any) -> Any:
         nonlocal tuned
-        if not _no_trace_running():
+        if not no_trace_running():
             return plain(*args, **kwargs)
         if tuned is None:
             options = compile_options(jax.default_backend())

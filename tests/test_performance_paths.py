@@ -8,6 +8,7 @@
 * compile()'s abstract initialisation gives the parameters an eager forward gives;
 * a training step compiles once per signature (its optimizer slots learnt by a first trace);
 * eager mode computes no gradient for a plain input batch;
+* fills (``Tensor(shape)``, ``set_value``) are made by NumPy on CPU, by the device in traces;
 * the persistent compilation cache setting and its opt-out;
 * glibc's malloc thresholds pinned for XLA:CPU's buffers (no page faults per fresh buffer),
   and left alone when opted out or set by the user.
@@ -160,6 +161,24 @@ def test_called_functions_name_the_depthwise_convolution_and_its_gradient():
     plain = xla_options.called_functions(jax.jit(lambda x: x * 2).lower(x))
     assert plain is not None and not any(xla_options.DEPTHWISE_CONVOLUTION in n for n in plain)
     assert xla_options.called_functions(object()) is None  # unreadable: the base options
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, jnp.bfloat16, np.bool_])
+def test_fills_equal_jnp_full_on_their_device_and_are_device_ops_inside_traces(dtype):
+    """``Tensor(shape)``, ``zeros``/``ones`` and ``set_value`` fill on the host on CPU (no program
+    per shape): the same values, dtype and device as ``jnp.full``; inside a trace the fill stays
+    a device op (a broadcast, not a constant the size of the array)."""
+    from singa_jax.tensor.handle import _filled
+    devices = device.create_cpu_devices(2) if len(jax.devices()) >= 2 else \
+        [device.get_default_device()]
+    for d in devices:
+        for value in (0, 1):
+            a = _filled((3, 4), value, dtype, d)
+            assert a.dtype == jnp.dtype(dtype) and a.devices() == {d.jax_device}
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(jnp.full((3, 4), value,
+                                                                             dtype)))
+    text = jax.jit(lambda: _filled((64, 64), 1, dtype, devices[-1])).lower().as_text()
+    assert "broadcast_in_dim" in text
 
 
 def test_eager_kernels_take_the_backend_options_outside_traces_only(monkeypatch):

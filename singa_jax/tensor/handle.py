@@ -24,6 +24,7 @@ from ..modes import current_trace_hook as _current_hook
 from ..modes import is_grad_enabled
 from ..device import Device, get_default_device
 from ..dtypes import float32, to_dtype
+from ..xla_options import no_trace_running
 
 
 ShapeLike = Union[int, Sequence[int]]
@@ -34,8 +35,14 @@ def _is_array(x) -> bool:
 
 
 def _filled(shape: Tuple[int, ...], value: Any, dtype: Any, device: Device) -> jax.Array:
-    """A new array of ``shape`` filled with ``value``, created directly on ``device``."""
-    return jnp.full(shape, value, to_dtype(dtype), device=device.jax_device)
+    """A new array of ``shape`` filled with ``value``, created directly on ``device``. On a CPU
+    device, outside any trace, NumPy fills it: ``jnp.full`` lowers and compiles a program for
+    every new shape (0.3 s of a ResNet-50's ``Model.compile()``: 374 fills). Elsewhere the
+    device fills it (no host copy to transfer; inside a trace, no constant baked in)."""
+    jd = device.jax_device
+    if jd.platform == "cpu" and no_trace_running():
+        return jax.device_put(np.full(shape, value, to_dtype(dtype)), jd)
+    return jnp.full(shape, value, to_dtype(dtype), device=jd)
 
 
 def _as_shape(shape: ShapeLike) -> Tuple[int, ...]:
