@@ -1,4 +1,4 @@
-"""Scoped modes: training mode, grad mode and graph mode's trace hook.
+"""Scoped modes: training mode, grad mode, fused backward walks and graph mode's trace hook.
 
 Each is a :class:`contextvars.ContextVar`, so it belongs to the running thread (and asyncio task)
 and a ``with`` block restores it on exit, however the block ends. Nothing here is a process-wide
@@ -19,8 +19,8 @@ import functools
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar
 
 __all__ = ["is_training", "set_training", "training_mode", "is_grad_enabled",
-           "set_grad_enabled", "no_grad", "enable_grad", "TraceHook", "current_trace_hook",
-           "trace_hook", "traced_keys"]
+           "set_grad_enabled", "no_grad", "enable_grad", "is_backward_fused", "fused_backward",
+           "TraceHook", "current_trace_hook", "trace_hook", "traced_keys"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,10 +63,11 @@ def is_grad_enabled() -> bool:
     return _GRAD_ENABLED.get()
 
 
-class _GradMode:
-    """Grad mode ``mode`` for the duration of a ``with`` block or of each call of a decorated
-    function."""
+class _ScopedFlag:
+    """The flag ``var`` set to ``mode`` for the duration of a ``with`` block or of each call of
+    a decorated function (this thread only)."""
 
+    var: contextvars.ContextVar  # the flag: set by each subclass
     mode = True
 
     def __init__(self, mode: Optional[bool] = None):
@@ -75,19 +76,29 @@ class _GradMode:
         self._tokens: list = []
 
     def __enter__(self) -> None:
-        self._tokens.append(_GRAD_ENABLED.set(self.mode))
+        self._tokens.append(self.var.set(self.mode))
 
     def __exit__(self, *exc: Any) -> None:
-        _GRAD_ENABLED.reset(self._tokens.pop())
+        self.var.reset(self._tokens.pop())
 
     def __call__(self, fn: F) -> F:
-        mode = self.mode
+        var, mode = self.var, self.mode
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            with _GradMode(mode):
+            token = var.set(mode)
+            try:
                 return fn(*args, **kwargs)
+            finally:
+                var.reset(token)
         return wrapped  # type: ignore[return-value]
+
+
+class _GradMode(_ScopedFlag):
+    """Grad mode ``mode`` for the duration of a ``with`` block or of each call of a decorated
+    function."""
+
+    var = _GRAD_ENABLED
 
 
 class no_grad(_GradMode):
@@ -115,6 +126,27 @@ class set_grad_enabled(_GradMode):
 
     def __exit__(self, *exc: Any) -> None:
         _GRAD_ENABLED.reset(self._previous)
+
+
+# --- fused backward walks --------------------------------------------------------------------
+_FUSED_BACKWARD: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "singa_jax.fused_backward", default=True)
+
+
+def is_backward_fused() -> bool:
+    """Whether a recurring backward walk runs as one kernel (see ``autograd.fused_backward``)."""
+    return _FUSED_BACKWARD.get()
+
+
+class fused_backward(_ScopedFlag):
+    """Whether a recurring backward walk runs as one kernel (default True) inside the block or
+    the decorated function (this thread only). ``fused_backward(False)`` walks op by op, one
+    pullback kernel per operator: the same gradients up to rounding."""
+
+    var = _FUSED_BACKWARD
+
+    def __init__(self, enabled: bool = True):
+        super().__init__(enabled)
 
 
 # --- graph mode's trace hook --------------------------------------------------------------------

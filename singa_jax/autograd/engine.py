@@ -19,7 +19,6 @@ with the graph. PyTorch-style entry points (``Tensor.backward``, ``autograd.grad
 """
 from __future__ import annotations
 
-import contextvars
 import operator
 import threading
 from collections import Counter
@@ -33,7 +32,7 @@ from ..creator import Dummy, Node  # noqa: F401
 from ..ctensor import CTensor, as_array
 from ..device import get_default_device
 from ..dtypes import is_inexact
-from ..modes import is_grad_enabled, is_training
+from ..modes import fused_backward, is_backward_fused, is_grad_enabled, is_training  # noqa: F401
 from ..tensor import Tensor
 from ..tensor.handle import result_tensor
 from ..xla_options import kernel
@@ -360,29 +359,11 @@ def _walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Te
 # seen before runs as one jitted replay over the operators' pullback states (their residuals):
 # the same operations in the same order, so the same gradients up to rounding (XLA fuses
 # across operators, and may then sum in another order).
-_FUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("singa_jax.fused_backward",
-                                                              default=True)
 FUSED_WALK_MAX_OPS = 64  # a larger walk compiles for seconds and saves little: its ops are heavy
 _PLANS_KEPT = 512  # plans remembered (then fused on recurrence); others walk op by op
 _seen_plans: Dict[Tuple, int] = {}  # plan -> -1 when seen once, then its id in _plan_table
 _plan_table: list = []  # (steps, outputs) of every plan replayed
 _plans_lock = threading.Lock()
-
-
-class fused_backward:
-    """Whether a recurring backward walk runs as one kernel (default True), for the duration of
-    a ``with`` block (this thread only). ``fused_backward(False)`` walks op by op, one
-    pullback kernel per operator: the gradients are the same."""
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = bool(enabled)
-        self._tokens: list = []
-
-    def __enter__(self) -> None:
-        self._tokens.append(_FUSED.set(self.enabled))
-
-    def __exit__(self, *exc: Any) -> None:
-        _FUSED.reset(self._tokens.pop())
 
 
 class _NotReplayable(Exception):
@@ -427,7 +408,7 @@ def _fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, in
     """(operators walked, the walk's yields) computed by one replay kernel, or None when this
     walk goes op by op: inside a trace (already one program), fused walks off, an operator
     without a pure pullback, several devices, or a plan not seen before."""
-    if not _FUSED.get() or any(isinstance(g, jax.core.Tracer) for _, g in roots):
+    if not is_backward_fused() or any(isinstance(g, jax.core.Tracer) for _, g in roots):
         return None
     plan = _Plan(len(roots))
     try:
