@@ -398,17 +398,18 @@ def _faults_per_step(**env_changes: str):
 
 @pytest.mark.skipif(not _GLIBC, reason="the malloc thresholds are glibc's")
 def test_pinned_malloc_thresholds_stop_the_page_faults_of_fresh_buffers():
-    """Without the pinned thresholds every fresh buffer of an eager step (the layer's
-    gradient, new weights and momentum, 3 MB each) is mmap-ed and faulted in page by page
-    (measured: 690-860 faults per step, 38-75 with the thresholds pinned)."""
+    """Without the pinned thresholds the fresh buffers of an eager step (the layer's gradient,
+    new weights and momentum, 3 MB = 768 pages each) are mmap-ed or trimmed and faulted in page
+    by page: measured 118-860 faults per step, depending on where glibc's dynamic thresholds
+    settle in the run. With them pinned: 0-119, and at most 76 in the fewer of two runs."""
     # the fewer of two runs: other faults (XLA's threads, the interpreter) only add to a count
     (tuned, pinned), (again, _) = _faults_per_step(), _faults_per_step()
     tuned = min(tuned, again)
     untuned, not_pinned = _faults_per_step(SINGA_JAX_MALLOC_TUNING="0")
     assert pinned and not not_pinned
-    if untuned < 40:
-        pytest.skip(f"this glibc kept the buffers mapped anyway ({untuned} faults per step)")
-    assert tuned < untuned / 4, (tuned, untuned)
+    assert tuned < 768 / 4, (tuned, untuned)  # not even a quarter of one buffer faulted in
+    if untuned >= 400:  # glibc's own thresholds faulted buffers in this run: pinned is fewer
+        assert tuned < untuned / 4, (tuned, untuned)
 
 
 @pytest.mark.skipif(not _GLIBC, reason="the malloc thresholds are glibc's")
