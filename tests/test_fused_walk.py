@@ -293,3 +293,25 @@ def test_threads_walking_different_graphs_get_their_own_gradients(counted):
     assert not errors
     # 36 walks; per case the first (or, when two threads meet it at once, two) go op by op
     assert counted["replays"] >= 36 - 2 * 3
+
+
+def test_a_fused_walk_on_another_device_stays_there(counted):
+    """Operators on the second device: the replay runs there (the loss's unit gradient, made on
+    the default device, follows), and training equals the op-by-op walk."""
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices (XLA_FLAGS=--xla_force_host_platform_device_count=2)")
+    from singa_jax import device, opt
+    second = device.create_cpu_devices(2)[1]
+    a = _arrays()
+    ends = []
+    for fused in (False, True):
+        w = Tensor(data=a["w"], device=second, stores_grad=True, name="w")
+        x = Tensor(data=a["x"], device=second)
+        sgd = opt.SGD(lr=0.1)
+        with autograd.fused_backward(fused):
+            for _ in range(4):
+                sgd(autograd.reduce_mean(autograd.tanh(autograd.matmul(x, w))))
+        assert w.device is second and w.array.devices() == {second.jax_device}
+        ends.append(np.asarray(w.array))
+    assert counted["replays"] == 3
+    np.testing.assert_allclose(ends[1], ends[0], rtol=1e-6, atol=1e-7)
