@@ -101,27 +101,6 @@ def test_an_option_takes_its_first_accepted_value(monkeypatch):
     assert xla_options.compile_options("cpu")[name] == ""
 
 
-class _ConvNet(model.Model):
-    """conv -> (grouped) conv -> linear; ``group=8`` makes the second one depthwise."""
-
-    def __init__(self, group: int):
-        super().__init__()
-        self.conv1 = layer.Conv2d(8, 3, padding=1)
-        self.conv2 = layer.Conv2d(8, 3, padding=1, group=group)
-        self.flatten = layer.Flatten()
-        self.fc = layer.Linear(10)
-        self.loss = layer.SoftMaxCrossEntropy()
-
-    def forward(self, x):
-        return self.fc(self.flatten(self.conv2(self.conv1(x))))
-
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.loss(out, y)
-        self.optimizer(loss)
-        return out, loss
-
-
 @pytest.mark.parametrize("group", [1, 8])
 def test_a_step_without_depthwise_convolutions_takes_the_step_options(group):
     """The step options (YNNPACK for dots and reductions) for a program whose lowered module
@@ -210,7 +189,21 @@ def test_eager_kernels_take_the_backend_options_outside_traces_only(monkeypatch)
 
 
 # --- models ----------------------------------------------------------------------------------
-class Net(model.Model):
+class _Classifier(model.Model):
+    """A model trained on softmax cross-entropy by its optimizer (subclasses give forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.loss = layer.SoftMaxCrossEntropy()
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        self.optimizer(loss)
+        return out, loss
+
+
+class Net(_Classifier):
     def __init__(self):
         super().__init__()
         self.conv = layer.Conv2d(4, 3, padding=1)
@@ -218,16 +211,23 @@ class Net(model.Model):
         self.pool = layer.MaxPool2d(2, 2)
         self.flat = layer.Flatten()
         self.fc = layer.Linear(5)
-        self.loss = layer.SoftMaxCrossEntropy()
 
     def forward(self, x):
         return self.fc(self.flat(self.pool(autograd.relu(self.bn(self.conv(x))))))
 
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.loss(out, y)
-        self.optimizer(loss)
-        return out, loss
+
+class _ConvNet(_Classifier):
+    """conv -> (grouped) conv -> linear; ``group=8`` makes the second one depthwise."""
+
+    def __init__(self, group: int):
+        super().__init__()
+        self.conv1 = layer.Conv2d(8, 3, padding=1)
+        self.conv2 = layer.Conv2d(8, 3, padding=1, group=group)
+        self.flatten = layer.Flatten()
+        self.fc = layer.Linear(10)
+
+    def forward(self, x):
+        return self.fc(self.flatten(self.conv2(self.conv1(x))))
 
 
 SHAPE = (4, 2, 6, 6)

@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from .. import autograd, device as device_module, modes, tensor
+from ..autograd.function import _pullback  # the eager ops' pullback kernel
 from ..layer.base import Layer
 from ..xla_options import kernel
 from . import nn_ops  # noqa: F401 (registers the nn family in OPS)
@@ -338,11 +339,6 @@ def _graph_forward_vjp(program, wanted, training, host, diff, key, inputs, param
 
     outs, vjp_fn, updates = jax.vjp(f, *[x for d, x in zip(diff, flat) if d], has_aux=True)
     return outs, vjp_fn, updates
-
-
-@kernel
-def _pullback(vjp_fn, cts):
-    return vjp_fn(cts)
 
 
 def _cotangent(dy: Any, aval: jax.ShapeDtypeStruct) -> Any:
