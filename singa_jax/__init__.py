@@ -14,13 +14,15 @@ import typing as _typing
 
 import jax as _jax
 
+from .host_memory import switched_off as _switched_off
+
 COMPILATION_CACHE_ENV = "SINGA_JAX_COMPILATION_CACHE"
 
 
 def _compilation_cache_folder() -> "str | None":
     """The folder for JAX's persistent compilation cache, or None to leave JAX's setting."""
     setting = _os.environ.get(COMPILATION_CACHE_ENV, "").strip()
-    if setting.lower() in ("0", "false", "off", "no"):
+    if _switched_off(setting):
         return None
     if _jax.config.jax_compilation_cache_dir:  # the user (or JAX_COMPILATION_CACHE_DIR) chose
         return None

@@ -26,7 +26,7 @@ import os
 import platform
 from functools import lru_cache
 
-__all__ = ["tune", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+__all__ = ["tune", "switched_off", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
 MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit systems
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # glibc's dynamic rule: twice the mmap threshold
@@ -34,13 +34,18 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
+def switched_off(setting: str) -> bool:
+    """Whether an environment setting's value says off (``0``, ``false``, ``no``, ``off``; any
+    case, surrounding spaces ignored): the words every singa_jax switch accepts."""
+    return setting.strip().lower() in ("0", "false", "no", "off")
+
+
 @lru_cache(maxsize=None)
 def tune() -> bool:
     """Pin glibc's mmap and trim thresholds (see the module docstring), once per process.
     Returns whether they are pinned by singa_jax. (Two threads racing here may both set
     them: the same values, so no harm.)"""
-    if os.environ.get("SINGA_JAX_MALLOC_TUNING", "1").strip().lower() in ("0", "false", "no",
-                                                                          "off"):
+    if switched_off(os.environ.get("SINGA_JAX_MALLOC_TUNING", "")):
         return False
     if any(name in os.environ for name in _USER_SETTINGS):
         return False
