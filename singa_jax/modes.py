@@ -18,9 +18,12 @@ import contextvars
 import functools
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar
 
+import jax
+
 __all__ = ["is_training", "set_training", "training_mode", "is_grad_enabled",
            "set_grad_enabled", "no_grad", "enable_grad", "is_backward_fused", "fused_backward",
-           "TraceHook", "current_trace_hook", "trace_hook", "traced_keys"]
+           "TraceHook", "current_trace_hook", "trace_hook", "traced_keys", "compile_time_eval",
+           "in_compile_time_eval"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -147,6 +150,25 @@ class fused_backward(_ScopedFlag):
 
     def __init__(self, enabled: bool = True):
         super().__init__(enabled)
+
+
+# --- concrete evaluation inside a trace -------------------------------------------------------
+_COMPILE_TIME_EVAL: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "singa_jax.compile_time_eval", default=False)
+in_compile_time_eval = _COMPILE_TIME_EVAL.get  # whether this thread is in compile_time_eval()
+
+
+@contextlib.contextmanager
+def compile_time_eval() -> Iterator[None]:
+    """``jax.ensure_compile_time_eval()``, known to singa_jax: ops on concrete values compute
+    inside the block even under a trace (``Model.compile()`` initialises layers so), so code that
+    fills new arrays may fill them on the host as it does outside any trace."""
+    token = _COMPILE_TIME_EVAL.set(True)
+    try:
+        with jax.ensure_compile_time_eval():
+            yield
+    finally:
+        _COMPILE_TIME_EVAL.reset(token)
 
 
 # --- graph mode's trace hook --------------------------------------------------------------------

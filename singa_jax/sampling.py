@@ -75,6 +75,8 @@ def _draw(key: jax.Array, params: Tuple[float, ...], kind: str, shape: Tuple[int
     the size), which costs far more than drawing: samples are therefore always drawn in chunks
     of ``_DRAW_CHUNK`` by ONE compiled program per kind and dtype (chunk i from
     ``fold_in(key, i)``), concatenated and cut to size — a prefix of i.i.d. samples is i.i.d.
+    Concrete samples on a CPU are concatenated and cut by NumPy: each jnp concatenate, slice and
+    reshape of a new shape would compile a program too (0.5 s of a ResNet-50's compile()).
     """
     size = math.prod(shape)
     # float32 samples for every dtype but float64 (converted after), so dtypes share programs
@@ -83,6 +85,11 @@ def _draw(key: jax.Array, params: Tuple[float, ...], kind: str, shape: Tuple[int
     keys = [key] if chunks == 1 else [jax.random.fold_in(key, i) for i in range(chunks)]
     parts = [_draw_flat(k, params, kind=kind, count=_DRAW_CHUNK, dtype=sample_dtype)
              for k in keys]
+    if not isinstance(parts[0], jax.core.Tracer):
+        (where,) = parts[0].devices()
+        if where.platform == "cpu":
+            flat = np.concatenate([np.asarray(p) for p in parts])
+            return jax.device_put(flat[:size].reshape(shape).astype(dtype), where)
     flat = parts[0] if chunks == 1 else jnp.concatenate(parts)
     return flat[:size].reshape(shape).astype(dtype)
 

@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from functools import wraps
 from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..modes import compile_time_eval
 from ..tensor import Tensor
 
 __all__ = ["LayerMeta", "Layer", "move_to_device", "positive_int", "concrete_initialization"]
@@ -55,7 +55,7 @@ def concrete_initialization():
 
 def _initialization_scope():
     """Where ``initialize`` runs: concretely under :func:`concrete_initialization`."""
-    return jax.ensure_compile_time_eval() if _CONCRETE_INIT.get() else contextlib.nullcontext()
+    return compile_time_eval() if _CONCRETE_INIT.get() else contextlib.nullcontext()
 
 # Float dtypes a layer's parameters may follow (SINGA's dtype_check casts parameters to the
 # input's dtype: its mixed-precision training feeds float16 batches to a model).

@@ -21,7 +21,7 @@ from .. import sampling
 from ..creator import Dummy
 from ..ctensor import BoundCTensor, CTensor
 from ..modes import current_trace_hook as _current_hook
-from ..modes import is_grad_enabled
+from ..modes import in_compile_time_eval, is_grad_enabled
 from ..device import Device, get_default_device
 from ..dtypes import float32, to_dtype
 from ..xla_options import no_trace_running
@@ -36,11 +36,14 @@ def _is_array(x) -> bool:
 
 def _filled(shape: Tuple[int, ...], value: Any, dtype: Any, device: Device) -> jax.Array:
     """A new array of ``shape`` filled with ``value``, created directly on ``device``. On a CPU
-    device, outside any trace, NumPy fills it: ``jnp.full`` lowers and compiles a program for
-    every new shape (0.3 s of a ResNet-50's ``Model.compile()``: 374 fills). Elsewhere the
-    device fills it (no host copy to transfer; inside a trace, no constant baked in)."""
+    device, with concrete values (outside any trace, or in :func:`modes.compile_time_eval`, where
+    ``Model.compile()`` builds parameters), NumPy fills it: ``jnp.full`` lowers and compiles a
+    program for every new shape (0.3 s of a ResNet-50's ``Model.compile()``: 374 fills).
+    Elsewhere the device fills it (no host copy to transfer; inside a trace, no constant baked
+    in)."""
     jd, dtype = device.jax_device, to_dtype(dtype)
-    if jd.platform == "cpu" and no_trace_running():
+    if (jd.platform == "cpu" and not isinstance(value, jax.core.Tracer)
+            and (no_trace_running() or in_compile_time_eval())):
         return jax.device_put(np.full(shape, value, dtype), jd)
     return jnp.full(shape, value, dtype, device=jd)
 
