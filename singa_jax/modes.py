@@ -1,4 +1,5 @@
-"""Scoped modes: training mode, grad mode, fused backward walks and graph mode's trace hook.
+"""Scoped modes: training mode, grad mode, fused backward walks, graph mode's trace hook and
+concrete evaluation inside a trace (``compile_time_eval``).
 
 Each is a :class:`contextvars.ContextVar`, so it belongs to the running thread (and asyncio task)
 and a ``with`` block restores it on exit, however the block ends. Nothing here is a process-wide

@@ -161,6 +161,35 @@ def test_fills_equal_jnp_full_on_their_device_and_are_device_ops_inside_traces(d
     assert "broadcast_in_dim" in text
 
 
+def test_fills_inside_compile_time_eval_are_concrete_and_the_mode_is_scoped():
+    """Inside ``modes.compile_time_eval`` (compile()'s initialisation) a fill under a trace is a
+    concrete array made on the host, like one outside any trace; the mode belongs to the block
+    (restored when it raises) and to its thread."""
+    import threading
+    from singa_jax import modes
+    from singa_jax.tensor.handle import _filled
+    seen = {}
+
+    def traced(x):
+        with modes.compile_time_eval():
+            seen["inside"] = _filled((2, 3), 1.5, np.float32, device.get_default_device())
+            worker = threading.Thread(
+                target=lambda: seen.update(other=modes.in_compile_time_eval()))
+            worker.start()
+            worker.join()
+        seen["after"] = modes.in_compile_time_eval()
+        return x
+
+    jax.eval_shape(traced, 1.0)
+    assert not isinstance(seen["inside"], jax.core.Tracer)
+    np.testing.assert_array_equal(np.asarray(seen["inside"]), np.full((2, 3), 1.5, np.float32))
+    assert seen["other"] is False and seen["after"] is False
+    with pytest.raises(ZeroDivisionError):
+        with modes.compile_time_eval():
+            1 / 0
+    assert not modes.in_compile_time_eval()
+
+
 def test_eager_kernels_take_the_backend_options_outside_traces_only(monkeypatch):
     """xla_options.kernel: jax.jit with the default backend's options at the first top-level
     call; inside a trace (where jax.jit refuses options) the plain jit, same numbers."""
