@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -215,13 +216,42 @@ def _all_in_range(host: np.ndarray, size: int) -> bool:
     return unsigned is not None and (host.size == 0 or host.view(unsigned).max() < size)
 
 
+# jax Arrays of indices found in range: id -> (a weak reference to the array, the table sizes it
+# passed for). A jax Array never changes, so indices fed again (a dataset's label batches held
+# on the device, epoch after epoch) are not read again: right after a step, reading 64 labels
+# back and taking their max costs ~20 us of a small model's call. An entry goes with its array.
+_IN_RANGE: Dict[int, Tuple[weakref.ref, Set[int]]] = {}
+
+
+def _known_in_range(idx: Any, size: int) -> bool:
+    entry = _IN_RANGE.get(id(idx))
+    return entry is not None and entry[0]() is idx and size in entry[1]
+
+
+def _in_range(idx: Any, size: int) -> bool:
+    """:func:`_all_in_range` of a concrete index array (NumPy, or a jax Array read back),
+    remembered for a jax Array that passes."""
+    if _known_in_range(idx, size):
+        return True
+    if not _all_in_range(np.asarray(idx), size):
+        return False
+    if isinstance(idx, jax.Array):  # a NumPy array may change: never remembered
+        key = id(idx)
+        entry = _IN_RANGE.get(key)
+        if entry is None or entry[0]() is not idx:
+            entry = _IN_RANGE[key] = (
+                weakref.ref(idx, lambda _, key=key: _IN_RANGE.pop(key, None)), set())
+        entry[1].add(size)
+    return True
+
+
 def _host_index_check(op: str, what: str, size: int, context: str,
                       require_integers: bool) -> Callable[[Any], None]:
     """The per-run host check of a compiled step's index input: one max when it passes (it
-    runs before every step, where each microsecond shows on a small model), else the general
-    check with its error."""
+    runs before every step, where each microsecond shows on a small model), none for indices
+    that passed before, else the general check with its error."""
     def run(concrete: Any) -> None:
-        if not _all_in_range(np.asarray(concrete), size):
+        if not _in_range(concrete, size):
             check_indices(op, what, concrete, size, context, require_integers)
     return run
 
@@ -253,10 +283,9 @@ def check_indices(op: str, what: str, idx: jax.Array, size: int, context: str,
         # a value computed inside a compiled step: a small kernel in it, checked at its end
         ok, lo, hi, whole = _index_stats(idx, int(size), bool(require_integers))
     else:  # eager: indices are few, and reading them avoids a kernel launch and a device sync
-        host = np.asarray(idx)
-        if _all_in_range(host, size):  # the usual case, checked on every step
+        if _in_range(idx, size):  # the usual case, checked on every step
             return
-        ok, lo, hi, whole = _host_index_stats(host, int(size), require_integers)
+        ok, lo, hi, whole = _host_index_stats(np.asarray(idx), int(size), require_integers)
     kind = "integers in" if require_integers else "in"
     message = (_escape(f"{op}: {what} must be {kind} [0, {size}) ({context}); got {what} of "
                        f"shape {tuple(idx.shape)}, dtype {idx.dtype}, with values in ")

@@ -180,6 +180,38 @@ def test_the_host_label_check_of_a_compiled_step_decides_as_the_eager_check(dtyp
     assert (eager is None) == bool(expected_ok)
 
 
+def test_labels_that_passed_are_not_read_again_and_new_ones_are(monkeypatch):
+    """A jax Array never changes: labels that passed for a table size are not read back again
+    (a dataset's batches held on the device, fed every epoch), for that size only; an array of
+    bad labels is still refused, and NumPy labels (which may change) are always read."""
+    import gc
+    reads = []
+    real = checks._all_in_range
+    monkeypatch.setattr(checks, "_all_in_range", lambda host, size: reads.append(size) or
+                        real(host, size))
+    good = jnp.asarray(np.array([0, 2, 1], np.int32))
+    host = checks._host_index_check("Loss", "class labels t", 3, "ctx", True)
+    for _ in range(3):
+        host(good)
+        checks.check_indices("Loss", "class labels t", good, 3, "ctx", True)
+    assert reads == [3]
+    with pytest.raises(ValueError, match=r"\[0, 2\)"):  # the same array, a smaller table
+        checks.check_indices("Loss", "class labels t", good, 2, "ctx", True)
+    bad = jnp.asarray(np.array([0, 3, 1], np.int32))
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"\[0, 3\)"):
+            host(bad)
+    on_host = np.array([0, 2, 1], np.int32)
+    host(on_host)
+    on_host[1] = 7
+    with pytest.raises(ValueError, match="7"):
+        host(on_host)
+    key = id(good)
+    del good
+    gc.collect()
+    assert key not in checks._IN_RANGE  # the entry went with its array
+
+
 class ComputedLabels(Net):
     """The labels reach the loss through an op of the step: checked inside the program."""
 
