@@ -65,8 +65,9 @@ def _medians(ours: Callable[[], None], bare: Callable[[], None], reps: int) -> T
 
 
 def _replay_kernels() -> None:
-    """Replace the eager kernels (forward+vjp, pullback, fill, a fused walk) by replays of their first result,
-    keyed by what selects the compiled kernel (the pullback: by its identity)."""
+    """Replace the eager kernels (forward+vjp, pullback, fill, a fused walk) by replays of
+    their first result, keyed by what selects the compiled kernel (the pullback: by its
+    identity)."""
     from singa_jax.autograd import engine, function
 
     def replay(kernel: Callable, key: Callable) -> Callable:

@@ -223,22 +223,19 @@ def _all_in_range(host: np.ndarray, size: int) -> bool:
 _IN_RANGE: Dict[int, Tuple[weakref.ref, Set[int]]] = {}
 
 
-def _known_in_range(idx: Any, size: int) -> bool:
-    entry = _IN_RANGE.get(id(idx))
-    return entry is not None and entry[0]() is idx and size in entry[1]
-
-
 def _in_range(idx: Any, size: int) -> bool:
     """:func:`_all_in_range` of a concrete index array (NumPy, or a jax Array read back),
     remembered for a jax Array that passes."""
-    if _known_in_range(idx, size):
+    key = id(idx)
+    entry = _IN_RANGE.get(key)
+    if entry is not None and entry[0]() is not idx:
+        entry = None  # another (dead) array's
+    if entry is not None and size in entry[1]:
         return True
     if not _all_in_range(np.asarray(idx), size):
         return False
     if isinstance(idx, jax.Array):  # a NumPy array may change: never remembered
-        key = id(idx)
-        entry = _IN_RANGE.get(key)
-        if entry is None or entry[0]() is not idx:
+        if entry is None:
             entry = _IN_RANGE[key] = (
                 weakref.ref(idx, lambda _, key=key: _IN_RANGE.pop(key, None)), set())
         entry[1].add(size)

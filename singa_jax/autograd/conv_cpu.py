@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-
 __all__ = ["conv", "convolve", "xla_conv"]
 
 Pair = Tuple[int, int]
