@@ -116,8 +116,10 @@ def test_depthwise_convolution_on_cpu_equals_the_grouped_convolution():
 
 
 DENSE_CPU_CASES = [  # (x shape, W shape, stride, pads, dilation): each CPU form is taken
-    ((3, 5, 7, 6), (4, 5, 1, 1), (2, 2), ((0, 0), (0, 0)), (1, 1)),  # 1x1 strided: matmuls
-    ((2, 5, 6, 7), (3, 5, 1, 1), (2, 3), ((1, 0), (2, 1)), (1, 1)),  # 1x1 strided and padded
+    ((3, 5, 7, 6), (4, 5, 1, 1), (2, 2), ((0, 0), (0, 0)), (1, 1)),  # 1x1 strided: per sample
+    ((2, 5, 6, 7), (3, 5, 1, 1), (2, 3), ((1, 0), (2, 1)), (1, 1)),  # ... and padded
+    ((2, 12, 5, 5), (10, 12, 1, 1), (2, 2), ((0, 0), (0, 0)), (1, 1)),  # 1x1, few pixels: im2col
+    ((2, 12, 2, 3), (10, 12, 1, 1), (1, 1), ((1, 0), (0, 1)), (1, 1)),  # ... and padded
     ((2, 1, 9, 8), (3, 1, 3, 2), (1, 2), ((1, 0), (2, 1)), (2, 1)),  # one input channel
     ((2, 6, 8, 8), (5, 6, 5, 5), (1, 1), ((0, 0), (0, 0)), (1, 1)),  # output << input
     ((2, 6, 7, 7), (5, 6, 3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),  # XLA's in every direction
@@ -165,6 +167,15 @@ def test_dense_convolution_forms_follow_the_shape_rules():
                                              (2, 2))
     assert conv_cpu.weight_grad_as_matmul((512, 256, 1, 1))
     assert not conv_cpu.weight_grad_as_matmul((50, 20, 5, 5))
+    # a 1x1 layer over many pixels: one product per sample (ResNet-50's 56x56 and 28x28 layers)
+    assert conv_cpu.as_per_sample_product((64, 256, 1, 1), (56, 56))
+    assert conv_cpu.as_per_sample_product((512, 128, 1, 1), (28, 28))
+    assert not conv_cpu.as_per_sample_product((256, 1024, 1, 1), (14, 14))
+    assert not conv_cpu.as_per_sample_product((2048, 512, 1, 1), (7, 7))
+    assert not conv_cpu.as_per_sample_product((64, 64, 3, 3), (56, 56))
+    for x_shape, W_shape, stride, pads, dilation in DENSE_CPU_CASES[:4]:  # both 1x1 forms tested
+        out_hw = conv_cpu._out_hw(x_shape, W_shape[2:], stride, pads, dilation)
+        assert conv_cpu.as_per_sample_product(W_shape, out_hw) == (x_shape[1] == 5)
 
 
 @pytest.mark.parametrize("cin,cout,kernel,stride,pad,dil,group,bias,odd", CONV_CASES)
