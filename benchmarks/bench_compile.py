@@ -9,6 +9,11 @@ program); ``--cache both`` reports both; ``--cache off`` disables the cache
 (``SINGA_JAX_COMPILATION_CACHE=0``).
 
     python benchmarks/bench_compile.py [--models resnet50,xception] [--batch 8] [--cache both]
+                                       [--torch 5]
+
+``--torch N`` also times N steps of PyTorch's eager ResNet of the same layers (SGD with
+momentum, batch ``--batch``), in its own process, after one warm-up step: the steady step
+to compare the "second call" with (ResNets only; skipped without torch).
 
 Models: cnn (LeNet, 28x28), alexnet (224), resnet18/50/101 (224), xception (299), as SINGA's
 examples/cnn/model builds them; SGD with momentum, softmax cross-entropy.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,6 +75,66 @@ def _child(name: str, batch: int) -> None:
                       "programs": len(runner.programs)}))
 
 
+def _torch_child(name: str, batch: int, steps: int) -> None:
+    """PyTorch's steps of SINGA's ResNet (examples/cnn/model/resnet.py: torchvision's layers,
+    the stride on the 3x3 convolution); prints one JSON list of step times."""
+    try:
+        import torch
+    except ImportError:
+        print(json.dumps(None))
+        return
+    nn = torch.nn
+    torch.manual_seed(0)
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin: int, planes: int, stride: int):
+            super().__init__()
+            cout = planes * 4
+            self.convs = nn.ModuleList([nn.Conv2d(cin, planes, 1, bias=False),
+                                        nn.Conv2d(planes, planes, 3, stride, 1, bias=False),
+                                        nn.Conv2d(planes, cout, 1, bias=False)])
+            self.bns = nn.ModuleList([nn.BatchNorm2d(planes), nn.BatchNorm2d(planes),
+                                      nn.BatchNorm2d(cout)])
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            out = x
+            for i, (conv, bn) in enumerate(zip(self.convs, self.bns)):
+                out = bn(conv(out))
+                out = torch.relu(out) if i < 2 else out
+            return torch.relu(out + (x if self.down is None else self.down(x)))
+
+    blocks = {"resnet50": (3, 4, 6, 3), "resnet101": (3, 4, 23, 3)}[name]
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+              nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for i, (planes, count) in enumerate(zip((64, 128, 256, 512), blocks)):
+        for j in range(count):
+            layers.append(Bottleneck(cin, planes, 2 if i and not j else 1))
+            cin = planes * 4
+    net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10))
+    sgd = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(batch, 3, 224, 224), torch.randint(0, 10, (batch,))
+    times = []
+    for _ in range(steps + 1):  # the first is a warm-up
+        t0 = time.perf_counter()
+        sgd.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+        sgd.step()  # synchronous on the CPU: every parameter and slot is updated on return
+        times.append(time.perf_counter() - t0)
+    print(json.dumps(times[1:]))
+
+
+def _torch_steps(name: str, batch: int, steps: int) -> list:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-child", name,
+                          "--batch", str(batch), "--torch", str(steps)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1]) or []
+
+
 def _run(name: str, batch: int, cache_dir: str) -> dict:
     env = dict(os.environ)
     env["SINGA_JAX_COMPILATION_CACHE"] = cache_dir
@@ -91,10 +157,16 @@ def main() -> None:
     ap.add_argument("--models", default="cnn,resnet50,xception")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--cache", choices=("cold", "warm", "both", "off"), default="both")
+    ap.add_argument("--torch", type=int, default=0, metavar="N",
+                    help="also time N steps of PyTorch's ResNet (ResNets only)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(args.child, args.batch)
+        return
+    if args.torch_child:
+        _torch_child(args.torch_child, args.batch, args.torch)
         return
     print(f"batch {args.batch}; each model in a fresh process (seconds)")
     for name in args.models.split(","):
@@ -103,13 +175,20 @@ def main() -> None:
             raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
         if args.cache == "off":
             _report("off", _run(name, args.batch, "0"))
-            continue
-        with tempfile.TemporaryDirectory(prefix="singa_jax_xla_") as folder:
-            cold = _run(name, args.batch, folder)
-            if args.cache in ("cold", "both"):
-                _report("cold", cold)
-            if args.cache in ("warm", "both"):
-                _report("warm", _run(name, args.batch, folder))
+        else:
+            with tempfile.TemporaryDirectory(prefix="singa_jax_xla_") as folder:
+                cold = _run(name, args.batch, folder)
+                if args.cache in ("cold", "both"):
+                    _report("cold", cold)
+                if args.cache in ("warm", "both"):
+                    _report("warm", _run(name, args.batch, folder))
+        if args.torch and name in ("resnet50", "resnet101"):
+            steps = _torch_steps(name, args.batch, args.torch)
+            if steps:
+                print(f"{name:10s} PyTorch step: median {statistics.median(steps):.3f}s "
+                      f"({', '.join(f'{t:.2f}' for t in steps)})", flush=True)
+            else:
+                print(f"{name:10s} PyTorch not installed: skipped", flush=True)
 
 
 if __name__ == "__main__":
