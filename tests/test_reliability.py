@@ -183,6 +183,60 @@ def test_nonfinite_loss_alone_skips_and_singa_behaviour_can_be_restored(training
     assert float(arr(o.step_counter)[0]) == 1.0
 
 
+@pytest.mark.parametrize("shape", [(300, 200), (64, 32, 3, 3), (5000,), (3, 4)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_the_finite_flag_sees_every_nan_and_inf(shape, dtype):
+    """The guard's flag (a large matrix summed through a matrix-vector product, the rest by
+    plain sums): any NaN, +inf, -inf, or +inf and -inf in one row, anywhere, makes it False."""
+    from singa_jax.opt.optimizers import _all_finite
+    rng = np.random.default_rng(0)
+    good = rng.standard_normal(shape).astype(dtype)
+    flag = jax.jit(_all_finite)
+    assert bool(flag([jnp.asarray(good), jnp.ones(3)]))
+    size = good.size
+    for bad_values in ([np.nan], [np.inf], [-np.inf], [np.inf, -np.inf]):
+        for where in (0, size // 2, size - 1):
+            bad = good.copy().reshape(-1)
+            start = min(where, size - len(bad_values))
+            bad[start:start + len(bad_values)] = bad_values
+            arrays = [jnp.ones(3), jnp.asarray(bad.reshape(shape))]
+            assert not bool(flag(arrays)), (bad_values, where)
+    assert not bool(flag([jnp.asarray(good), jnp.array([np.nan], np.float32)]))  # the loss
+
+
+def test_a_large_weight_with_a_nan_gradient_is_not_updated(training_mode):
+    """End to end with a weight large enough for the matrix-vector sum, eager and compiled."""
+    class Wide(model.Model):
+        def __init__(self):
+            super().__init__()
+            self.fc = layer.Linear(256)
+            self.loss = layer.SoftMaxCrossEntropy()
+
+        def forward(self, x):
+            return self.fc(x)
+
+        def train_one_batch(self, x, y):
+            loss = self.loss(self.forward(x), y)
+            self.optimizer(loss)
+            return loss
+
+    x = np.random.default_rng(1).standard_normal((8, 300)).astype(np.float32)
+    y = tensor.from_numpy(np.arange(8, dtype=np.int32))
+    for graph in (False, True):
+        net = Wide()
+        net.set_optimizer(opt.SGD(lr=0.1, momentum=0.9))
+        net.compile([tensor.from_numpy(x)], is_train=True, use_graph=graph)
+        for _ in range(2):
+            net(tensor.from_numpy(x), y)
+        before = {k: arr(v).copy() for k, v in net.get_states().items()}
+        bad = x.copy()
+        bad[5, 123] = np.inf
+        net(tensor.from_numpy(bad), y)
+        for k, v in net.get_states().items():
+            np.testing.assert_array_equal(arr(v), before[k], err_msg=(graph, k))
+        assert arr(net.optimizer.skipped_steps).tolist() == [1], graph
+
+
 class TinyNet(model.Model):
     def __init__(self):
         super().__init__()

@@ -77,14 +77,29 @@ def _adam_rule(config, h, step, p, g, slots):
 def _all_finite(arrays: Sequence[jax.Array]) -> jax.Array:
     """A scalar bool: no NaN or inf in any of the floating ``arrays``.
 
-    Tested on the sums (in at least float32): a NaN or inf makes a sum NaN or inf, and a sum
-    reads each array once, the cheapest reduction XLA's CPU backend has (measured ~30% faster
-    than ``all(isfinite)``). Finite values summing beyond float32's range (~3e38) also count
-    as non-finite: a gradient that large has diverged anyway.
+    Tested on the sums (in at least float32): a NaN or inf makes a sum NaN or inf. A sum reads
+    each array once, the cheapest reduction XLA's CPU backend has (measured ~30% faster than
+    ``all(isfinite)``), and a large array is summed as its rows times a vector of ones, then
+    the row sums: a matrix-vector product reads it at a dot's speed, where XLA:CPU's reduction
+    of a large array is split into a slower windowed pass (the MLP's 784x256 gradient: 70 us
+    -> the guarded graph step 35 us shorter). Finite values summing beyond float32's range
+    (~3e38) also count as non-finite: a gradient that large has diverged anyway.
     """
-    sums = [jnp.sum(a, dtype=jnp.promote_types(a.dtype, jnp.float32)).astype(jnp.float32)
-            for a in arrays if jnp.issubdtype(a.dtype, jnp.inexact)]
+    sums = [_sum_of(a) for a in arrays if jnp.issubdtype(a.dtype, jnp.inexact)]
     return jnp.isfinite(sum(sums)) if sums else jnp.array(True)
+
+
+def _sum_of(a: jax.Array) -> jax.Array:
+    """The sum of ``a`` in at least float32 (as float32); NaN or inf when an element is."""
+    a = a.astype(jnp.promote_types(a.dtype, jnp.float32))
+    if a.ndim >= 2 and a.size >= _SUM_BY_PRODUCT_SIZE:
+        rows = a.reshape(a.shape[0], -1)
+        a = rows @ jnp.ones(rows.shape[1], rows.dtype)
+    return jnp.sum(a).astype(jnp.float32)
+
+
+# arrays from this size on are summed by a matrix-vector product (see _all_finite)
+_SUM_BY_PRODUCT_SIZE = 1 << 14
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2, 3, 9, 12))
