@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from singa_jax import autograd, checkpoint, checks, layer, model, opt, tensor
-from singa_jax.opt.optimizers import NonFiniteStepWarning
+from singa_jax.opt.optimizers import NonFiniteStepWarning, _all_finite
 from singa_jax.tensor import Tensor
 
 
@@ -188,7 +188,6 @@ def test_nonfinite_loss_alone_skips_and_singa_behaviour_can_be_restored(training
 def test_the_finite_flag_sees_every_nan_and_inf(shape, dtype):
     """The guard's flag (a large matrix summed through a matrix-vector product, the rest by
     plain sums): any NaN, +inf, -inf, or +inf and -inf in one row, anywhere, makes it False."""
-    from singa_jax.opt.optimizers import _all_finite
     rng = np.random.default_rng(0)
     good = rng.standard_normal(shape).astype(dtype)
     flag = jax.jit(_all_finite)
@@ -206,24 +205,10 @@ def test_the_finite_flag_sees_every_nan_and_inf(shape, dtype):
 
 def test_a_large_weight_with_a_nan_gradient_is_not_updated(training_mode):
     """End to end with a weight large enough for the matrix-vector sum, eager and compiled."""
-    class Wide(model.Model):
-        def __init__(self):
-            super().__init__()
-            self.fc = layer.Linear(256)
-            self.loss = layer.SoftMaxCrossEntropy()
-
-        def forward(self, x):
-            return self.fc(x)
-
-        def train_one_batch(self, x, y):
-            loss = self.loss(self.forward(x), y)
-            self.optimizer(loss)
-            return loss
-
     x = np.random.default_rng(1).standard_normal((8, 300)).astype(np.float32)
     y = tensor.from_numpy(np.arange(8, dtype=np.int32))
     for graph in (False, True):
-        net = Wide()
+        net = TinyNet(width=256)  # a 300x256 weight
         net.set_optimizer(opt.SGD(lr=0.1, momentum=0.9))
         net.compile([tensor.from_numpy(x)], is_train=True, use_graph=graph)
         for _ in range(2):
@@ -238,9 +223,9 @@ def test_a_large_weight_with_a_nan_gradient_is_not_updated(training_mode):
 
 
 class TinyNet(model.Model):
-    def __init__(self):
+    def __init__(self, width: int = 3):
         super().__init__()
-        self.fc = layer.Linear(3)
+        self.fc = layer.Linear(width)
         self.loss = layer.SoftMaxCrossEntropy()
 
     def forward(self, x):

@@ -180,8 +180,8 @@ def weight_grad_matmul(x, dy, W_shape: Shape, stride: Pair, pads: Pads, dilation
 
 
 def _cpu_forward(x, W, stride: Pair, pads: Pads, dilation: Pair, group: int):
-    if group == 1 and as_per_sample_product(W.shape, _out_hw(x.shape, W.shape[2:], stride, pads,
-                                                                dilation)):
+    out_hw = _out_hw(x.shape, W.shape[2:], stride, pads, dilation)
+    if group == 1 and as_per_sample_product(W.shape, out_hw):
         return per_sample_product(x, W, stride, pads)
     if group == 1:
         if forward_as_matmul(x.shape, W.shape):
