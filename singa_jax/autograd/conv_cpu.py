@@ -68,19 +68,14 @@ def _out_hw(x_shape: Shape, kernel: Pair, stride: Pair, pads: Pads, dilation: Pa
                  // stride[i] + 1 for i in range(2))
 
 
-def _padded(x, pads: Pads):
-    if any(p for pair in pads for p in pair):
-        return jnp.pad(x, ((0, 0), (0, 0)) + tuple(pads))
-    return x
-
-
 def _windows(x, kernel: Pair, stride: Pair, pads: Pads, dilation: Pair) -> list:
     """The kh*kw strided slices of the padded ``x`` that window tap (i, j) reads:
     ``[xpad[:, :, d*i::s, d*j::s] cut to the output's size, ...]`` in row-major tap order."""
     n, c = x.shape[:2]
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
     ho, wo = _out_hw(x.shape, kernel, stride, pads, dilation)
-    x = _padded(x, pads)
+    if any(p for pair in pads for p in pair):
+        x = jnp.pad(x, ((0, 0), (0, 0)) + tuple(pads))
     return [lax.slice(x, (0, 0, i * dh, j * dw),
                       (n, c, i * dh + sh * (ho - 1) + 1, j * dw + sw * (wo - 1) + 1),
                       (1, 1, sh, sw))
@@ -106,9 +101,7 @@ def per_sample_product(x, W, stride: Pair, pads: Pads):
     (C, H*W): NCHW's own order, so neither the activations nor their gradients are transposed
     (the im2col product above transposes them: XLA:CPU's transposing copies were 0.9 s of
     ResNet-50's 2.3 s step at batch 8); the kernel is broadcast over the batch instead."""
-    x = _padded(x, pads)
-    if tuple(stride) != (1, 1):
-        x = x[:, :, ::stride[0], ::stride[1]]
+    (x,) = _windows(x, (1, 1), stride, pads, (1, 1))  # the one tap: padded, strided
     n, c, h, w = x.shape
     o = W.shape[0]
     kernels = jnp.broadcast_to(W.reshape(o, c), (n, o, c))
@@ -180,10 +173,9 @@ def weight_grad_matmul(x, dy, W_shape: Shape, stride: Pair, pads: Pads, dilation
 
 
 def _cpu_forward(x, W, stride: Pair, pads: Pads, dilation: Pair, group: int):
-    out_hw = _out_hw(x.shape, W.shape[2:], stride, pads, dilation)
-    if group == 1 and as_per_sample_product(W.shape, out_hw):
-        return per_sample_product(x, W, stride, pads)
     if group == 1:
+        if as_per_sample_product(W.shape, _out_hw(x.shape, W.shape[2:], stride, pads, dilation)):
+            return per_sample_product(x, W, stride, pads)
         if forward_as_matmul(x.shape, W.shape):
             return matmul_conv(x, W, stride, pads, dilation)
         return xla_conv(x, W, stride, pads, dilation)
@@ -193,9 +185,9 @@ def _cpu_forward(x, W, stride: Pair, pads: Pads, dilation: Pair, group: int):
 
 
 def _cpu_backward(x, W, dy, stride: Pair, pads: Pads, dilation: Pair, group: int):
-    if group == 1 and as_per_sample_product(W.shape, dy.shape[2:]):
-        return jax.vjp(lambda x, W: per_sample_product(x, W, stride, pads), x, W)[1](dy)
     if group == 1:
+        if as_per_sample_product(W.shape, dy.shape[2:]):
+            return jax.vjp(lambda x, W: per_sample_product(x, W, stride, pads), x, W)[1](dy)
         if input_grad_as_matmul(x.shape, W.shape, dy.shape[2:], stride):
             dx = input_grad_matmul(dy, W, x.shape, stride, pads, dilation)
         else:

@@ -74,6 +74,10 @@ def _adam_rule(config, h, step, p, g, slots):
     return p - h["lr"] * m_hat / (jnp.sqrt(v_hat) + h["epsilon"]), (m, v)
 
 
+# arrays from this size on are summed by a matrix-vector product (see _all_finite)
+_SUM_BY_PRODUCT_SIZE = 1 << 14
+
+
 def _all_finite(arrays: Sequence[jax.Array]) -> jax.Array:
     """A scalar bool: no NaN or inf in any of the floating ``arrays``.
 
@@ -96,10 +100,6 @@ def _sum_of(a: jax.Array) -> jax.Array:
         rows = a.reshape(a.shape[0], -1)
         a = rows @ jnp.ones(rows.shape[1], rows.dtype)
     return jnp.sum(a).astype(jnp.float32)
-
-
-# arrays from this size on are summed by a matrix-vector product (see _all_finite)
-_SUM_BY_PRODUCT_SIZE = 1 << 14
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2, 3, 9, 12))
