@@ -6,10 +6,15 @@
   whose program holds no depthwise convolution takes YNNPACK for single dots and reductions
   (``CPU_STEP_OPTIONS``: LeNet's step 10-16% faster, ResNet-50's ~5%; Xception's, with
   depthwise convolutions, 25-30% slower). Never applied on GPU/TPU.
-* Eager kernels (each op's forward and pullback, the ONNX backend's and the CTensor layer's
-  convolution kernels) are made by :func:`kernel`: ``jax.jit`` with the default backend's options,
-  resolved at the first call (importing singa_jax must not initialise a backend: XLA_FLAGS and
-  ``jax.distributed.initialize`` come first). Eager LeNet's step: 31.7 -> 17.4 ms.
+* Eager kernels (each op's forward and pullback, a backward walk's replay, the ONNX backend's
+  and the CTensor layer's convolution kernels) are made by :func:`kernel`: ``jax.jit`` with the
+  default backend's kernel options, resolved at the first call (importing singa_jax must not
+  initialise a backend: XLA_FLAGS and ``jax.distributed.initialize`` come first). On CPU that
+  is YNNPACK for single dots only (``CPU_KERNEL_OPTIONS``): no convolution fusions (eager
+  LeNet's step 31.7 -> 17.4 ms), and YNNPACK's dot, which multiplies the MLP's 64x256 by
+  256x784 in 0.5-0.6x Eigen's time (eager MLP step 0-10% faster; LeNet's, ResNet-50's and
+  Xception's unchanged) and compiles a small dot kernel in 0.4x the time. A kernel is one op,
+  so the whole-program effect that keeps a depthwise step off YNNPACK does not arise.
 * On CPU, the first compile also pins glibc's malloc thresholds (:mod:`.host_memory`): XLA:CPU's
   buffers are host allocations, and without it each fresh one is faulted in page by page
   (eager MLP step 2.1 -> 1.2 ms).
@@ -37,6 +42,10 @@ CPU_OPTIONS: Dict[str, Tuple[Any, ...]] = {
     # no YNNPACK fusions (see the module docstring)
     "xla_cpu_experimental_ynn_fusion_type": ("",),
 }
+# What an eager kernel takes instead of CPU_OPTIONS, on CPU (see the module docstring).
+CPU_KERNEL_OPTIONS: Dict[str, Tuple[Any, ...]] = {
+    "xla_cpu_experimental_ynn_fusion_type": ("LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT", ""),
+}
 # What a compiled step (graph mode's program) takes instead, on CPU, unless its program calls a
 # function named with one of the given words: each option's values (best first) and those
 # words. YNNPACK for single dots and reductions made LeNet's step 10-16% and ResNet-50's ~5%
@@ -63,16 +72,17 @@ def supported(platform: str, name: str, value: Hashable) -> bool:
     return True
 
 
-def compile_options(platform: str, one_off: bool = False, program: Any = None
-                    ) -> Dict[str, Any]:
+def compile_options(platform: str, one_off: bool = False, program: Any = None,
+                    eager: bool = False) -> Dict[str, Any]:
     """The options for a program on ``platform`` ('cpu', 'gpu', 'tpu'): the CPU ones (never on
-    another backend), those of a compiled step when ``program`` (its ``jax.stages.Lowered``) is
-    given and calls none of the functions that make them slower, plus the cheap-compile ones
-    for a program that runs once; only those this jaxlib supports."""
+    another backend; an eager kernel's when ``eager``), those of a compiled step when
+    ``program`` (its ``jax.stages.Lowered``) is given and calls none of the functions that make
+    them slower, plus the cheap-compile ones for a program that runs once; only those this
+    jaxlib supports."""
     options: Dict[str, Any] = {}
     if platform == "cpu":
         host_memory.tune()  # XLA:CPU's buffers are host allocations (see host_memory)
-        _choose(options, platform, CPU_OPTIONS)
+        _choose(options, platform, CPU_KERNEL_OPTIONS if eager else CPU_OPTIONS)
         called = None if program is None else called_functions(program)
         if called is not None:
             _choose(options, platform, {
@@ -121,10 +131,10 @@ except (ImportError, AttributeError):  # a JAX without it: answers "a trace may 
 
 
 def kernel(fun: Optional[Callable] = None, **jit_kwargs: Any) -> Callable:
-    """``jax.jit(fun, **jit_kwargs)`` compiled with the default backend's options when called
-    outside any trace (inside one, jax.jit takes no options: the enclosing program's apply);
-    usable as a decorator with or without arguments. The jitted functions are made at the first
-    call, when a backend may be initialised."""
+    """``jax.jit(fun, **jit_kwargs)`` compiled with the default backend's kernel options when
+    called outside any trace (inside one, jax.jit takes no options: the enclosing program's
+    apply); usable as a decorator with or without arguments. The jitted functions are made at
+    the first call, when a backend may be initialised."""
     if fun is None:
         return lambda f: kernel(f, **jit_kwargs)
     plain = jax.jit(fun, **jit_kwargs)
@@ -135,7 +145,7 @@ def kernel(fun: Optional[Callable] = None, **jit_kwargs: Any) -> Callable:
         if not no_trace_running():
             return plain(*args, **kwargs)
         if tuned is None:
-            options = compile_options(jax.default_backend())
+            options = compile_options(jax.default_backend(), eager=True)
             tuned = jax.jit(fun, compiler_options=options, **jit_kwargs) if options else plain
         return tuned(*args, **kwargs)
 

@@ -87,6 +87,17 @@ def test_compile_options_are_cpu_only():
     assert set(xla_options.ONE_OFF_OPTIONS) <= set(one_off)
 
 
+def test_eager_kernels_take_ynnpack_for_single_dots_only():
+    """An eager kernel is one op: YNNPACK's dot (faster on the MLP's products), never its
+    convolution fusions; a jaxlib without that fusion type gets none at all."""
+    name = "xla_cpu_experimental_ynn_fusion_type"
+    dot = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
+    expected = dot if xla_options.supported("cpu", name, dot) else ""
+    assert xla_options.compile_options("cpu", eager=True) == {name: expected}
+    if any(d.platform == "gpu" for d in jax.devices()):  # pragma: no cover (GPU machines)
+        assert name not in xla_options.compile_options("gpu", eager=True)
+
+
 def test_an_option_the_compiler_does_not_know_is_left_out(monkeypatch):
     monkeypatch.setitem(xla_options.CPU_OPTIONS, "xla_cpu_no_such_option_for_tests", ("",))
     assert xla_options.supported("cpu", "xla_cpu_experimental_ynn_fusion_type", "")
@@ -191,9 +202,9 @@ def test_fills_inside_compile_time_eval_are_concrete_and_the_mode_is_scoped():
 
 
 def test_eager_kernels_take_the_backend_options_outside_traces_only(monkeypatch):
-    """xla_options.kernel: jax.jit with the default backend's options at the first top-level
-    call; inside a trace (where jax.jit refuses options) the plain jit, same numbers."""
-    options = xla_options.compile_options(jax.default_backend()) or None  # probes done first
+    """xla_options.kernel: jax.jit with the default backend's kernel options at the first
+    top-level call; inside a trace (where jax.jit refuses options) the plain jit, same numbers."""
+    options = xla_options.compile_options(jax.default_backend(), eager=True) or None  # probed
     made = []
     real_jit = jax.jit
 
