@@ -3,8 +3,8 @@
 * max pooling over tiling windows (reshape + max, first-argmax custom_vjp) equals XLA's
   reduce_window lowering, values and gradients, ties included;
 * graph mode's CPU compile options, and the fallback when a jaxlib rejects one; a step's own
-  options unless its program holds a depthwise convolution; eager kernels take the base options
-  when called outside any trace, and work inside one;
+  options unless its program holds a depthwise convolution; eager kernels take their own
+  options (YNNPACK for single dots) when called outside any trace, and work inside one;
 * compile()'s abstract initialisation gives the parameters an eager forward gives, and lowers
   no program for a new parameter shape (fills and random draws assembled on the host on CPU);
 * a training step compiles once per signature (its optimizer slots learnt by a first trace);

@@ -35,7 +35,7 @@ kernels whatever the default backend.
 from __future__ import annotations
 
 from functools import partial
-from typing import Tuple
+from typing import Callable, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -187,7 +187,7 @@ def _cpu_forward(x, W, stride: Pair, pads: Pads, dilation: Pair, group: int):
 def _cpu_backward(x, W, dy, stride: Pair, pads: Pads, dilation: Pair, group: int):
     if group == 1:
         if as_per_sample_product(W.shape, dy.shape[2:]):
-            return jax.vjp(lambda x, W: per_sample_product(x, W, stride, pads), x, W)[1](dy)
+            return _both_gradients(lambda x, W: per_sample_product(x, W, stride, pads), x, W, dy)
         if input_grad_as_matmul(x.shape, W.shape, dy.shape[2:], stride):
             dx = input_grad_matmul(dy, W, x.shape, stride, pads, dilation)
         else:
@@ -198,13 +198,19 @@ def _cpu_backward(x, W, dy, stride: Pair, pads: Pads, dilation: Pair, group: int
             dW = jax.vjp(lambda W: xla_conv(x, W, stride, pads, dilation), W)[1](dy)[0]
         return dx, dW
     if group == x.shape[1]:
-        return jax.vjp(lambda x, W: _depthwise_shifts(x, W, stride, pads, dilation), x, W)[1](dy)
+        return _both_gradients(lambda x, W: _depthwise_shifts(x, W, stride, pads, dilation),
+                               x, W, dy)
     return _xla_backward(x, W, dy, stride, pads, dilation, group)
+
+
+def _both_gradients(f: Callable, x, W, dy):
+    """``(dx, dW)`` of ``f(x, W)`` for the output gradient ``dy``, as JAX differentiates ``f``."""
+    return jax.vjp(f, x, W)[1](dy)
 
 
 def _xla_backward(x, W, dy, stride: Pair, pads: Pads, dilation: Pair, group: int):
     """Both gradients of XLA's convolution, as JAX differentiates it."""
-    return jax.vjp(lambda x, W: xla_conv(x, W, stride, pads, dilation, group), x, W)[1](dy)
+    return _both_gradients(lambda x, W: xla_conv(x, W, stride, pads, dilation, group), x, W, dy)
 
 
 # --- the convolution: each platform's forms, chosen at lowering ------------------------------
