@@ -2,9 +2,11 @@
 
 Each op call skips work the general code would do: op outputs and gradients are built without the
 Tensor constructor's argument parsing, static arguments are frozen once per op (plain values as
-they are), only ops that declare state ask for it, and a loss's unit gradient is made once. Here
-the same computations run with the fast paths on and with every one of them turned off; values,
-gradients, state and the recorded graph must be identical, and match NumPy / ``jax.grad``.
+they are), only ops that declare state ask for it, a loss's unit gradient is made once, and a
+forward kernel returns no copy of an input or output its pullback keeps (autograd/residuals.py).
+Here the same computations run with the fast paths on and with every one of them turned off;
+values, gradients, state and the recorded graph must be identical, and match NumPy /
+``jax.grad``.
 """
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from singa_jax import autograd, device, tensor
-from singa_jax.autograd import engine, function
+from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax.autograd import engine, function, residuals
 from singa_jax.autograd.function import Function
+from singa_jax.xla_options import kernel
 from singa_jax.creator import Dummy
 from singa_jax.modes import TraceHook, trace_hook
 from singa_jax.tensor import Tensor
@@ -49,6 +52,11 @@ def _use_general_paths(monkeypatch) -> None:
         monkeypatch.setattr(cls, "_declares_state", True)
     monkeypatch.setattr(engine, "_unit_gradient",
                         lambda shape, dtype: engine.fill_like(1.0, shape, dtype))
+    # the forward kernels return their whole pullback (fresh kernels: the cached ones were
+    # traced with the forwarding)
+    monkeypatch.setattr(residuals, "split", lambda pullback, inputs, outputs: pullback)
+    monkeypatch.setattr(function, "_forward_vjp_kernel", kernel(static_argnums=(0, 1, 2, 3))(
+        function._forward_vjp_kernel.__wrapped__))
 
 
 def _recorded_graph(y: Tensor) -> np.ndarray:
@@ -246,6 +254,85 @@ def test_static_arguments_plain_or_not_select_the_same_kernel_results(rng):
     np.testing.assert_allclose(_np(y4), _np(x).sum(keepdims=True), rtol=1e-6)
     assert dict(y2.creator._static) == {"shape": (3, 8)}  # NumPy values frozen to tuples
     assert y4.creator._static == (("axes", None), ("keepdims", 1))  # plain: items as they are
+
+
+def _pullback_leaves(y: Tensor) -> list:
+    return jax.tree_util.tree_leaves(y.creator._vjp)
+
+
+def _pullback_of(y: Tensor, op_type: str) -> list:
+    """The pullback leaves of the nearest op of type ``op_type`` behind ``y``."""
+    stack = [y.creator]
+    while stack:
+        op = stack.pop()
+        if type(op).__name__ == op_type:
+            return jax.tree_util.tree_leaves(op._vjp)
+        stack.extend(c for c, _, _, _ in op.src)
+    raise AssertionError(f"no {op_type} behind {y.name}")
+
+
+def _same_buffer(a, b) -> bool:
+    return a.unsafe_buffer_pointer() == b.unsafe_buffer_pointer()
+
+
+def test_forward_kernels_return_no_copies_of_inputs_or_outputs(rng):
+    x = Tensor(data=rng.normal(size=(8, 5)).astype(np.float32))  # a plain input: no gradient
+    w = Tensor(data=rng.normal(size=(5, 3)).astype(np.float32), stores_grad=True)
+    h = autograd.matmul(x, w)  # dW = x^T dy: the pullback keeps x, the input itself
+    kept, = _pullback_leaves(h)
+    assert kept is x.array
+    e = autograd.exp(h)  # d exp = exp: the pullback keeps the output itself
+    assert any(leaf is e.array for leaf in _pullback_leaves(e))
+    m = autograd.mul(e, e)  # x * x keeps x (as each factor)
+    assert all(leaf is e.array for leaf in _pullback_leaves(m))
+    loss = autograd.reduce_sum(m)
+    (p, g), = autograd.backward(loss)
+    want = jax.grad(lambda w: jnp.sum(jnp.exp(_np(x) @ w) ** 2))(_np(w))
+    assert p is w
+    np.testing.assert_allclose(_np(g), want, rtol=1e-5)
+    # the same arrays back-propagated again, by the fused walk (the graph is kept)
+    with autograd.fused_backward(True):
+        for _ in range(2):
+            (_, g2), = autograd.backward(loss)
+    np.testing.assert_allclose(_np(g2), want, rtol=1e-5)
+
+
+def test_a_kept_input_survives_a_graph_step_that_rewrites_its_tensor(rng):
+    """An eager forward's pullback holds a parameter's array itself (no copy). A compiled step
+    run before that backward donates the parameter's buffer to XLA, unless something else holds
+    it (graph._copy_shared): the eager backward must still read the forward's values."""
+
+    class Net(model.Model):
+        def __init__(self):
+            super().__init__()
+            self.fc = layer.Linear(3)
+
+        def forward(self, x):
+            return self.fc(x)
+
+        def train_one_batch(self, x, y):
+            loss = autograd.mse_loss(self.forward(x), y)
+            self.optimizer(loss)
+            return loss
+
+    xa = rng.normal(size=(4, 5)).astype(np.float32)
+    ya = rng.normal(size=(4, 3)).astype(np.float32)
+    net = Net()
+    net.set_optimizer(opt.SGD(lr=0.1))
+    x, y = tensor.from_numpy(xa), tensor.from_numpy(ya)
+    net.compile([x], is_train=True, use_graph=True)
+    net(x, y)
+    # eager, with an input that gets a gradient: dx = dy W^T, so the pullback keeps W's array
+    xg = Tensor(data=xa, stores_grad=True)
+    hidden = autograd.tanh(net.forward(xg))
+    assert any(leaf is net.fc.W.array for leaf in _pullback_of(hidden, "Matmul"))
+    w_then, b_then = _np(net.fc.W).copy(), _np(net.fc.b).copy()
+    for _ in range(2):
+        net(x, y)  # compiled steps rewrite W
+    assert not np.allclose(_np(net.fc.W), w_then)
+    grads = {id(p): _np(g) for p, g in autograd.backward(autograd.reduce_sum(hidden))}
+    want = jax.grad(lambda x: jnp.sum(jnp.tanh(x @ w_then + b_then)))(xa)
+    np.testing.assert_allclose(grads[id(xg)], want, rtol=1e-5, atol=1e-6)
 
 
 def test_only_ops_that_declare_state_fetch_it():

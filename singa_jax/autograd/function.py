@@ -37,6 +37,7 @@ from ..modes import is_training
 from ..tensor import Tensor
 from ..dtypes import is_inexact
 from ..xla_options import kernel
+from . import residuals
 from .engine import Operator, fill_like
 
 __all__ = ["Function", "InvalidInput", "TensorArgsOp", "NonDifferentiable", "make_function", "functional",
@@ -90,10 +91,16 @@ def _split_state(out, n_state: int):
     return (main[0] if len(main) == 1 else tuple(main)), tuple(out[-n_state:])
 
 
-@kernel(static_argnums=(0, 1, 2, 3))
 def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: int, *xs):
     """Forward plus the pullback w.r.t. the inputs marked in ``diff``; returns
-    ``(outputs, pullback, new state arrays)``."""
+    ``(outputs, pullback, new state arrays)``. The kernel returns no copy of an input or output
+    that the pullback keeps (see :mod:`.residuals`)."""
+    ys, pullback, new_state = _forward_vjp_kernel(fn, static, diff, n_state, *xs)
+    return ys, residuals.join(pullback, xs, ys), new_state
+
+
+@kernel(static_argnums=(0, 1, 2, 3))
+def _forward_vjp_kernel(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: int, *xs):
     fixed = [x for d, x in zip(diff, xs) if not d]
 
     def f(*dxs):
@@ -101,7 +108,8 @@ def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: i
         out = fn(*[next(it_d) if d else next(it_f) for d in diff], **dict(static))
         return _split_state(out, n_state)
 
-    return jax.vjp(f, *[x for d, x in zip(diff, xs) if d], has_aux=True)
+    ys, pullback, new_state = jax.vjp(f, *[x for d, x in zip(diff, xs) if d], has_aux=True)
+    return ys, residuals.split(pullback, xs, ys), new_state
 
 
 @kernel

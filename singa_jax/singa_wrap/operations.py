@@ -15,7 +15,7 @@ from typing import Any, Tuple
 import jax
 import jax.numpy as jnp
 
-from ..autograd import nn
+from ..autograd import nn, residuals
 from ..autograd.nn import (BatchNormHandle, ConvHandle, CudnnBatchNormHandle, CudnnConvHandle,
                            CudnnPoolingHandle, CudnnRNNHandle, PoolingHandle)
 from ..ctensor import CTensor, _describe, as_array, out_tensor, store
@@ -295,7 +295,8 @@ def _rnn_forward(config, x, hx, cx, w, lengths):
 
 @partial(jax.jit, static_argnums=0)
 def _rnn_forward_vjp(config, x, hx, cx, w, lengths, key):
-    return jax.vjp(lambda *a: _rnn(config, *a, lengths, key), x, hx, cx, w)
+    outs, pullback = jax.vjp(lambda *a: _rnn(config, *a, lengths, key), x, hx, cx, w)
+    return outs, residuals.split(pullback, (x, hx, cx, w), outs)  # no copies of them
 
 
 @jax.jit
@@ -319,7 +320,8 @@ def _rnn_training(op: str, x, hx, cx, W, lengths, h) -> Tuple[CTensor, CTensor, 
     xa, hxa, cxa, wa = _rnn_inputs(op, h, x, hx, cx, W)
     key = CTensor.from_array(xa).device().next_key() if h.dropout > 0 else None
     la = None if lengths is None else as_array(lengths, op)
-    (y, hy, cy), h._pullback = _rnn_forward_vjp(_rnn_config(h), xa, hxa, cxa, wa, la, key)
+    (y, hy, cy), pullback = _rnn_forward_vjp(_rnn_config(h), xa, hxa, cxa, wa, la, key)
+    h._pullback = residuals.join(pullback, (xa, hxa, cxa, wa), (y, hy, cy))
     h._dW = None
     return CTensor.from_array(y), CTensor.from_array(hy), CTensor.from_array(cy)
 

@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from .. import autograd, device as device_module, modes, tensor
+from ..autograd import residuals
 from ..autograd.function import _pullback  # the eager ops' pullback kernel
 from ..layer.base import Layer
 from ..xla_options import kernel
@@ -338,7 +339,7 @@ def _graph_forward_vjp(program, wanted, training, host, diff, key, inputs, param
         return program.evaluate(wanted, training, host, key, xs[:n_in], xs[n_in:], states)
 
     outs, vjp_fn, updates = jax.vjp(f, *[x for d, x in zip(diff, flat) if d], has_aux=True)
-    return outs, vjp_fn, updates
+    return outs, residuals.split(vjp_fn, flat, outs), updates  # no copies of inputs or outputs
 
 
 def _cotangent(dy: Any, aval: jax.ShapeDtypeStruct) -> Any:
@@ -378,8 +379,9 @@ class GraphOp(autograd.Operator):
             outs, updates = p.evaluate(self.wanted, training, self.host, key, inputs, params,
                                        states)
         elif self.requires_grad and training and any(self._diff):
-            outs, self._vjp, updates = _graph_forward_vjp(p, self.wanted, training, self.host,
-                                                          self._diff, key, inputs, params, states)
+            outs, vjp, updates = _graph_forward_vjp(p, self.wanted, training, self.host,
+                                                    self._diff, key, inputs, params, states)
+            self._vjp = residuals.join(vjp, list(inputs) + list(params), outs)
             self._avals = tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs)
         else:
             outs, updates = _graph_forward(p, self.wanted, training, self.host, key, inputs,

@@ -1,0 +1,67 @@
+"""A forward kernel's pullback, returned without copies of the kernel's own inputs and outputs.
+
+An eager op's forward kernel returns its pullback (``jax.vjp``'s, a pytree of residual arrays)
+next to its outputs, so that backward does not recompute the forward. Many residuals ARE one of
+the kernel's inputs (matmul keeps ``x`` and ``W``, mul both factors, a convolution its input and
+kernel) or one of its outputs (exp, tanh and sigmoid keep ``y``). A jitted program cannot return
+an input as itself, nor one value twice: every output is a new buffer, so each such residual was
+copied on every forward (the MLP's 64x784 batch, a CNN's activations) and held twice until
+backward.
+
+Inside the kernel, :func:`split` keeps in the pullback only the residuals the kernel computed and
+records, in the pytree's static part, where each of the others comes from; after the call,
+:func:`join` puts the caller's own arrays (the same values: arrays are immutable) back in.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence, Tuple
+
+import jax
+
+__all__ = ["Residuals", "split", "join"]
+
+_INPUT, _OUTPUT = 0, 1
+
+
+@jax.tree_util.register_pytree_node_class
+class Residuals:
+    """A pullback without its forwarded residuals: ``computed`` are the kernel's own residual
+    arrays; ``layout`` is ``(the pullback's treedef, per leaf: None for the next computed array,
+    or (_INPUT | _OUTPUT, index))``."""
+
+    __slots__ = ("computed", "layout")
+
+    def __init__(self, computed: Sequence[Any], layout: Tuple[Any, Tuple]):
+        self.computed, self.layout = computed, layout
+
+    def tree_flatten(self):
+        return tuple(self.computed), self.layout
+
+    @classmethod
+    def tree_unflatten(cls, layout, computed):
+        return cls(computed, layout)
+
+
+def split(pullback: Any, inputs: Sequence[Any], outputs: Any) -> Any:
+    """Inside a kernel: ``pullback`` as :class:`Residuals` when some of its leaves are the
+    kernel's ``inputs`` or leaves of its ``outputs`` (a pytree), compared by identity (they are
+    traced values), else unchanged."""
+    leaves, treedef = jax.tree_util.tree_flatten(pullback)
+    source = {id(y): (_OUTPUT, i) for i, y in enumerate(jax.tree_util.tree_leaves(outputs))}
+    source.update((id(x), (_INPUT, i)) for i, x in enumerate(inputs))  # an input first
+    where = tuple(source.get(id(leaf)) for leaf in leaves)
+    if not any(where):
+        return pullback
+    return Residuals([leaf for leaf, w in zip(leaves, where) if w is None], (treedef, where))
+
+
+def join(residuals: Any, inputs: Sequence[Any], outputs: Any) -> Any:
+    """After the kernel's call: the pullback :func:`split` gave, with ``inputs`` and the leaves
+    of ``outputs`` (what the kernel was called with and returned) back in their places."""
+    if type(residuals) is not Residuals:
+        return residuals
+    treedef, where = residuals.layout
+    sources = (inputs, jax.tree_util.tree_leaves(outputs))
+    computed = iter(residuals.computed)
+    return treedef.unflatten([next(computed) if w is None else sources[w[0]][w[1]]
+                              for w in where])
