@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from singa_jax import autograd, checkpoint, checks, layer, model, opt, tensor
-from singa_jax.opt.optimizers import NonFiniteStepWarning, _all_finite
+from singa_jax.opt.optimizers import NonFiniteStepWarning
+from singa_jax.opt.update import _all_finite
 from singa_jax.tensor import Tensor
 
 

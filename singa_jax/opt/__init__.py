@@ -32,8 +32,9 @@ the next parameter of that name.
 See docs/optimizers.md for the update rules and how they differ from PyTorch's.
 
 The package is split by topic: :mod:`~singa_jax.opt.schedules` (decay schedules),
-:mod:`~singa_jax.opt.optimizers` (the optimizers, their update rules and the fused update) and
-:mod:`~singa_jax.opt.dist` (``DistOpt``). Import everything from ``singa_jax.opt``.
+:mod:`~singa_jax.opt.optimizers` (the optimizers), :mod:`~singa_jax.opt.update` (their update
+rules and the fused update kernel) and :mod:`~singa_jax.opt.dist` (``DistOpt``). Import
+everything from ``singa_jax.opt``.
 """
 from .dist import DistOpt
 from .optimizers import SGD, AdaGrad, Adam, Optimizer, RMSProp
@@ -43,7 +44,7 @@ from .optax import OptaxOptimizer, from_optax  # noqa: F401 (optax-backed optimi
 # Outside __all__, as in the single-module layout: the update-rule type, and the fused kernel that
 # tests read. To replace the kernel (e.g. monkeypatch) patch ``singa_jax.opt.optimizers``'s
 # ``_fused_update``: that is the name the optimizers call.
-from .optimizers import UpdateRule, _fused_update  # noqa: F401
+from .update import UpdateRule, _fused_update  # noqa: F401
 
 __all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp",
            "AdaGrad", "Adam", "DistOpt",
