@@ -446,8 +446,11 @@ def test_rnn_functions_match_jax_grad():
     h = sw.CudnnRNNHandle(ct(x), H, 1)  # tanh RNN (cheapest to compile)
     W = RNG.normal(size=(h.weights_size,)).astype(np.float32) * 0.3
     hx, cx = np.zeros((1, B, H), np.float32), np.zeros((1, B, H), np.float32)
-    y, hy, cy = sw.GpuRNNForwardTraining(ct(x), ct(hx), ct(cx), ct(W), h)
+    xc = ct(x)
+    y, hy, cy = sw.GpuRNNForwardTraining(xc, ct(hx), ct(cx), ct(W), h)
     assert y.shape() == (T, B, H) and hy.shape() == (1, B, H) and cy.shape() == (1, B, H)
+    # the weights' gradient needs x: the handle's pullback keeps x's array itself, not a copy
+    assert any(leaf is xc._array for leaf in jax.tree_util.tree_leaves(h._pullback))
     dy = RNG.normal(size=(T, B, H)).astype(np.float32)
 
     def loss(x_, w_):

@@ -6,6 +6,7 @@ singa_jax forward that was exported, NumPy for hand-built graphs.
 import pathlib
 import re
 
+import jax
 import numpy as np
 import pytest
 
@@ -359,7 +360,10 @@ def test_gradients_match_finite_differences(rng):
     rep = sonnx.prepare(m)
     x = rng.standard_normal((2, 3)).astype(np.float32)
     autograd.training = True
-    out = rep.run([t(x)])[0]
+    xt = t(x)
+    out = rep.run([xt])[0]
+    # dw = x^T dh: the graph's pullback keeps the input array itself, not a copy of it
+    assert any(leaf is xt.array for leaf in jax.tree_util.tree_leaves(out.creator._vjp))
     loss = autograd.reduce_sum(autograd.reduce_sum(out, None, 0), None, 0)
     grads = {p.name: tensor.to_numpy(g) for p, g in autograd.backward(loss)}
     autograd.training = False
