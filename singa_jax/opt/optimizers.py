@@ -1,10 +1,10 @@
 """The optimizers of ``singa_jax.opt``: :class:`Optimizer`, :class:`SGD`, :class:`RMSProp`,
 :class:`AdaGrad` and :class:`Adam`.
 
-Holds the :class:`Optimizer` base with its hyper-parameters, step
-counter, per-parameter slots and ``get_states``/``set_states``, and the state helpers
-``_state_tensor`` and ``_param_name``. How state is kept and keyed is described in the package
-docstring (:mod:`singa_jax.opt`).
+Holds the :class:`Optimizer` base with its hyper-parameters, step counter, per-parameter slots
+and ``get_states``/``set_states``, and the state helpers ``_state_tensor`` and ``_param_name``;
+the update rules and kernels they call are in :mod:`~singa_jax.opt.update`. How state is kept
+and keyed is described in the package docstring (:mod:`singa_jax.opt`).
 """
 from __future__ import annotations
 

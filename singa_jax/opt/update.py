@@ -105,9 +105,10 @@ def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
 
     With ``guard`` (``Optimizer.skip_nonfinite``) the step is skipped inside the kernel when a
     gradient or an array of ``checked`` (the loss) holds NaN/inf: every param and slot comes
-    back unchanged, and the guard's state ``skip_state`` (see ``_SKIP_FIELDS``) comes back
-    counted; without ``guard`` it is returned as given. No host sync. ``in_place`` says the
-    params and slots are donated (graph mode's program), which decides how the step is skipped.
+    back unchanged, and the guard's state ``skip_state`` (fields: ``optimizers._SKIP_FIELDS``)
+    comes back counted; without ``guard`` it is returned as given. No host sync. ``in_place``
+    says the params and slots are donated (graph mode's program), which decides how the step
+    is skipped.
     """
     step_counter = step
     hyper = {**{name: sched.value(step) for name, sched in schedules}, **hyper}
