@@ -271,10 +271,6 @@ def _pullback_of(y: Tensor, op_type: str) -> list:
     raise AssertionError(f"no {op_type} behind {y.name}")
 
 
-def _same_buffer(a, b) -> bool:
-    return a.unsafe_buffer_pointer() == b.unsafe_buffer_pointer()
-
-
 def test_forward_kernels_return_no_copies_of_inputs_or_outputs(rng):
     x = Tensor(data=rng.normal(size=(8, 5)).astype(np.float32))  # a plain input: no gradient
     w = Tensor(data=rng.normal(size=(5, 3)).astype(np.float32), stores_grad=True)

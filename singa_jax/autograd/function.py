@@ -102,15 +102,8 @@ def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: i
 @kernel(static_argnums=(0, 1, 2, 3))
 def _forward_vjp_kernel(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: int, *xs):
     """:func:`_forward_vjp`'s kernel: its pullback as :func:`.residuals.split` leaves it."""
-    fixed = [x for d, x in zip(diff, xs) if not d]
-
-    def f(*dxs):
-        it_d, it_f = iter(dxs), iter(fixed)
-        out = fn(*[next(it_d) if d else next(it_f) for d in diff], **dict(static))
-        return _split_state(out, n_state)
-
-    ys, pullback, new_state = jax.vjp(f, *[x for d, x in zip(diff, xs) if d], has_aux=True)
-    return ys, residuals.split(pullback, xs, ys), new_state
+    return residuals.vjp(lambda *args: _split_state(fn(*args, **dict(static)), n_state),
+                         diff, xs)
 
 
 @kernel

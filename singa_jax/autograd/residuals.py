@@ -14,11 +14,11 @@ records, in the pytree's static part, where each of the others comes from; after
 """
 from __future__ import annotations
 
-from typing import Any, Sequence, Tuple
+from typing import Any, Callable, Sequence, Tuple
 
 import jax
 
-__all__ = ["Residuals", "split", "join"]
+__all__ = ["Residuals", "split", "join", "vjp"]
 
 _INPUT, _OUTPUT = 0, 1
 
@@ -65,3 +65,17 @@ def join(residuals: Any, inputs: Sequence[Any], outputs: Any) -> Any:
     computed = iter(residuals.computed)
     return treedef.unflatten([next(computed) if w is None else sources[w[0]][w[1]]
                               for w in where])
+
+
+def vjp(f: Callable, diff: Sequence[bool], xs: Sequence[Any]) -> Tuple[Any, Any, Any]:
+    """Inside a kernel: ``jax.vjp`` of ``f(*xs)`` (which returns ``(outputs, aux)``) with
+    respect to the ``xs`` marked in ``diff``, the others held fixed; returns ``(outputs,
+    pullback as split against xs and the outputs, aux)``."""
+    fixed = [x for d, x in zip(diff, xs) if not d]
+
+    def over_marked(*dxs):
+        it_d, it_f = iter(dxs), iter(fixed)
+        return f(*[next(it_d) if d else next(it_f) for d in diff])
+
+    ys, pullback, aux = jax.vjp(over_marked, *[x for d, x in zip(diff, xs) if d], has_aux=True)
+    return ys, split(pullback, xs, ys), aux

@@ -329,17 +329,13 @@ def _graph_forward(program: GraphProgram, wanted, training, host, key, inputs, p
 
 @kernel(static_argnums=(0, 1, 2, 3, 4))
 def _graph_forward_vjp(program, wanted, training, host, diff, key, inputs, params, states):
-    flat = list(inputs) + list(params)
-    fixed = [x for d, x in zip(diff, flat) if not d]
     n_in = len(inputs)
 
-    def f(*dxs):
-        it_d, it_f = iter(dxs), iter(fixed)
-        xs = [next(it_d) if d else next(it_f) for d in diff]
+    def f(*xs):
         return program.evaluate(wanted, training, host, key, xs[:n_in], xs[n_in:], states)
 
-    outs, vjp_fn, updates = jax.vjp(f, *[x for d, x in zip(diff, flat) if d], has_aux=True)
-    return outs, residuals.split(vjp_fn, flat, outs), updates  # no copies of inputs or outputs
+    # no copies of the inputs or outputs the pullback keeps
+    return residuals.vjp(f, diff, list(inputs) + list(params))
 
 
 def _cotangent(dy: Any, aval: jax.ShapeDtypeStruct) -> Any:
