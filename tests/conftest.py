@@ -6,6 +6,11 @@ import sys
 import numpy as np
 import pytest
 
+import backend_precision
+
+if backend_precision.emulating_tf32():  # the CPU proxy of a GPU run (see backend_precision)
+    backend_precision.install_tf32_emulation()
+
 
 @pytest.fixture
 def rng() -> np.random.Generator:

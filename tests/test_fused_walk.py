@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from backend_precision import matmul_tolerance
 from singa_jax import autograd, modes, tensor
 from singa_jax.autograd import engine
 from singa_jax.autograd.function import Function
@@ -109,12 +110,12 @@ def test_a_recurring_walk_runs_as_one_kernel_with_the_op_by_op_gradients(counted
         again = _walk(a, _params(a), fused=True)  # the plan recurs: one replay, no op backward
         assert [(p, n) for p, n, _ in again] == [(p, n) for p, n, _ in stepwise]
         for (p, _, g), (_, _, want) in zip(again, stepwise):
-            np.testing.assert_allclose(g, want, rtol=1e-6, atol=1e-7, err_msg=p)
+            np.testing.assert_allclose(g, want, **matmul_tolerance(1e-6, 1e-7), err_msg=p)
     assert counted["replays"] == 2 and counted["op backwards"] == 2 * walked
     assert [(p, n) for p, n, _ in first] == [(p, n) for p, n, _ in stepwise]
     ref = _reference(a)
     for p, _, g in again:
-        np.testing.assert_allclose(g, ref[p], rtol=1e-5, atol=1e-6, err_msg=p)
+        np.testing.assert_allclose(g, ref[p], **matmul_tolerance(1e-5, 1e-6), err_msg=p)
 
 
 @pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
@@ -143,7 +144,7 @@ def test_eager_training_steps_walk_as_one_kernel_from_the_second(optimizer, coun
     assert walked[1] == walked[0] // 5
     assert ends[0].keys() == ends[1].keys() and len(ends[0]) > 3
     for k in ends[0]:
-        np.testing.assert_allclose(ends[1][k], ends[0][k], rtol=1e-5, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(ends[1][k], ends[0][k], **matmul_tolerance(1e-5, 1e-6), err_msg=k)
 
 
 def test_a_fused_step_with_nonfinite_gradients_is_skipped(counted):
@@ -184,9 +185,9 @@ def test_pytorch_style_walks_free_the_graph_when_fused(counted):
         y.backward()
         h = np.tanh(a["x"] @ a["w"] + a["b"])
         np.testing.assert_allclose(np.asarray(params["w"].grad.array), a["x"].T @ (1 - h * h),
-                                   rtol=1e-5, atol=1e-6)
+                                   **matmul_tolerance(1e-5, 1e-6))
         np.testing.assert_allclose(np.asarray(params["b"].grad.array), (1 - h * h).sum(0),
-                                   rtol=1e-5, atol=1e-6)
+                                   **matmul_tolerance(1e-5, 1e-6))
         with pytest.raises(RuntimeError, match="already freed"):
             y.backward()
     assert counted["replays"] == 2
@@ -204,9 +205,9 @@ def test_wanted_intermediates_match_the_op_by_op_walk(counted):
             results.append([np.asarray(g.array) for g in out])
     assert counted["replays"] == 1
     for got, want in zip(results[2], results[0]):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(got, want, **matmul_tolerance(1e-6, 1e-7))
     m = np.tanh(a["x"] @ a["w"])
-    np.testing.assert_allclose(results[2][0], 2 * m, rtol=1e-6)
+    np.testing.assert_allclose(results[2][0], 2 * m, **matmul_tolerance(1e-6))
 
 
 class _StraightThrough(Function):
@@ -251,7 +252,7 @@ def test_walks_the_replay_cannot_express_go_op_by_op(case, counted, monkeypatch)
             want = 2 * (a["x"] * 3.3).T @ (1 - np.tanh(2 * hv) ** 2)
         else:
             want = (a["x"] * 3.3).T @ (1 - np.tanh(hv) ** 2)
-        np.testing.assert_allclose(np.asarray(g.array), want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(g.array), want, **matmul_tolerance(1e-4, 1e-5))
     assert counted["replays"] == 0
 
 
@@ -278,7 +279,7 @@ def test_threads_walking_different_graphs_get_their_own_gradients(counted):
                     (p, g), = autograd.backward(autograd.reduce_sum(op(autograd.matmul(
                         Tensor(data=x), wt))))
                     np.testing.assert_allclose(np.asarray(g.array), x.T @ derivative(x @ w),
-                                               rtol=1e-5, atol=1e-6)
+                                               **matmul_tolerance(1e-5, 1e-6))
         except Exception as e:  # reported below: pytest sees no exception raised in a thread
             errors.append((name, e))
 
@@ -311,4 +312,4 @@ def test_a_fused_walk_on_another_device_stays_there(counted):
         assert w.device is second and w.array.devices() == {second.jax_device}
         ends.append(np.asarray(w.array))
     assert counted["replays"] == 3
-    np.testing.assert_allclose(ends[1], ends[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ends[1], ends[0], **matmul_tolerance(1e-6, 1e-7))

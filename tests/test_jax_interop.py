@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from singa_jax import autograd, layer, model, opt, tensor
+from singa_jax import autograd, device, layer, model, opt, tensor
 from singa_jax.tensor import Tensor
 
 
@@ -30,18 +30,22 @@ def test_jax_array_exchange_is_zero_copy():
 
 def test_numpy_and_dlpack_both_ways():
     values = np.arange(6, dtype=np.float32).reshape(3, 2)
-    t = Tensor(data=values)
+    t = Tensor(data=values)  # on the default device: any backend
     copied = np.asarray(t)
     copied[0, 0] = 100.0  # a writable copy, as before: the tensor is unchanged
     assert float(t.array[0, 0]) == 0.0
     view = np.asarray(t, copy=False)
     np.testing.assert_array_equal(view, values)
     assert not view.flags.writeable
-    np.testing.assert_array_equal(np.from_dlpack(t), values)  # Tensor -> NumPy via DLPack
-    back = tensor.from_dlpack(values)                          # NumPy -> Tensor via DLPack
-    np.testing.assert_array_equal(np.asarray(back), values)
+    # DLPack between frameworks on the tensor's own device (NumPy reads host memory only)
+    np.testing.assert_array_equal(np.asarray(jnp.from_dlpack(t)), values)
     again = tensor.from_dlpack(t)
     np.testing.assert_array_equal(np.asarray(again), values)
+    assert again.device.jax_device == t.device.jax_device
+    host = Tensor(data=values, device=device.create_cpu_device())
+    np.testing.assert_array_equal(np.from_dlpack(host), values)  # Tensor -> NumPy via DLPack
+    back = tensor.from_dlpack(values)                          # NumPy -> Tensor via DLPack
+    np.testing.assert_array_equal(np.asarray(back), values)
     with pytest.raises(TypeError, match="__dlpack__"):
         tensor.from_dlpack([1.0, 2.0])
 
@@ -49,9 +53,14 @@ def test_numpy_and_dlpack_both_ways():
 def test_dlpack_with_pytorch():
     torch = pytest.importorskip("torch")
     t = Tensor(data=np.arange(6, dtype=np.float32).reshape(2, 3))
-    np.testing.assert_array_equal(torch.from_dlpack(t).numpy(), np.asarray(t))
+    # torch reads the tensor where it lives (a CUDA tensor on a GPU): .cpu() before .numpy()
+    np.testing.assert_array_equal(torch.from_dlpack(t).cpu().numpy(), np.asarray(t))
     back = tensor.from_dlpack(torch.arange(4.0))
     np.testing.assert_array_equal(np.asarray(back), [0.0, 1.0, 2.0, 3.0])
+    if torch.cuda.is_available() and any(d.platform == "gpu" for d in jax.devices()):
+        on_gpu = tensor.from_dlpack(torch.arange(4.0, device="cuda"))
+        assert on_gpu.device.platform == "gpu"
+        np.testing.assert_array_equal(np.asarray(on_gpu), [0.0, 1.0, 2.0, 3.0])
 
 
 # --- models as pure functions -------------------------------------------------------------------

@@ -31,6 +31,13 @@ from singa_jax import autograd, device, layer, model, opt, tensor, xla_options
 from singa_jax.autograd import nn as autograd_nn
 
 
+# What XLA:CPU is given (its compile options, host-made fills, glibc's malloc thresholds, the
+# CPU's convolution forms) is checked where the CPU is the default backend; elsewhere GPU and
+# TPU take the general path, which tests/test_lowering.py lowers for them.
+on_cpu_backend = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                    reason="checks what singa_jax does for XLA:CPU")
+
+
 def reduce_window_max(x, kernel):
     return lax.reduce_window(x, -jnp.inf, lax.max, (1, 1) + kernel, (1, 1) + kernel,
                              ((0, 0),) * 4)
@@ -113,6 +120,7 @@ def test_an_option_takes_its_first_accepted_value(monkeypatch):
     assert xla_options.compile_options("cpu")[name] == ""
 
 
+@on_cpu_backend
 @pytest.mark.parametrize("group", [1, 8])
 def test_a_step_without_depthwise_convolutions_takes_the_step_options(group):
     """The step options (YNNPACK for dots and reductions) for a program whose lowered module
@@ -140,6 +148,7 @@ def test_a_step_without_depthwise_convolutions_takes_the_step_options(group):
     assert losses[0][-1] < losses[0][0]
 
 
+@on_cpu_backend
 def test_called_functions_name_the_depthwise_convolution_and_its_gradient():
     from singa_jax.autograd import conv_cpu
 
@@ -304,6 +313,7 @@ def test_abstract_initialisation_gives_the_eager_parameters():
         np.testing.assert_array_equal(np.asarray(a[k].array), np.asarray(b[k].array), err_msg=k)
 
 
+@on_cpu_backend
 def test_compile_lowers_no_program_for_new_parameter_shapes():
     """A program per parameter shape (jnp.full, the cut of a random draw) cost ResNet-50's
     compile() 1.3 of its 3.1 s: on CPU the initialisation fills and cuts on the host, so a model
@@ -473,6 +483,7 @@ def _faults_per_step(**env_changes: str):
     return float(out[-2]), out[-1] == "True"
 
 
+@on_cpu_backend
 @pytest.mark.skipif(not _GLIBC, reason="the malloc thresholds are glibc's")
 def test_pinned_malloc_thresholds_stop_the_page_faults_of_fresh_buffers():
     """Without the pinned thresholds the fresh buffers of an eager step (the layer's gradient,
@@ -489,6 +500,7 @@ def test_pinned_malloc_thresholds_stop_the_page_faults_of_fresh_buffers():
         assert tuned < untuned / 4, (tuned, untuned)
 
 
+@on_cpu_backend
 @pytest.mark.skipif(not _GLIBC, reason="the malloc thresholds are glibc's")
 def test_malloc_settings_of_the_user_stand():
     _, pinned = _faults_per_step(MALLOC_TRIM_THRESHOLD_="1000000")
