@@ -6,8 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from backend_precision import matmul_tolerance
 from singa_jax import autograd, device
 from singa_jax.autograd import conv_cpu, nn
+from singa_jax.precision import float32_matmul_precision_scope
 from singa_jax.tensor import Tensor
 
 
@@ -31,6 +33,9 @@ def run_with_grads(op_fn, arrays, dy):
                                 for t in ts]
 
 
+# The gradient's formula is checked in float32 (finite differences of TF32 results are noise);
+# forward results are compared with their references at the precision in force.
+@float32_matmul_precision_scope("float32")
 def check_fd(op_fn, arrays, seed=0, eps=1e-2, rtol=2e-2, atol=1e-3):
     """Directional finite differences: for every float input i and a random direction v,
     <dL/dx_i, v> must match (L(x_i + eps v) - L(x_i - eps v)) / (2 eps), L = <y, dy>."""
@@ -109,10 +114,10 @@ def test_depthwise_convolution_on_cpu_equals_the_grouped_convolution():
     def shifted(x, W):
         return conv_cpu.conv(x, W, stride, pads, dilation, 4)
 
-    np.testing.assert_allclose(shifted(x, W), grouped(x, W), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(shifted(x, W), grouped(x, W), **matmul_tolerance(1e-5, 1e-5))
     for a, b in zip(jax.grad(lambda *a: jnp.sum(jnp.sin(shifted(*a))), (0, 1))(x, W),
                     jax.grad(lambda *a: jnp.sum(jnp.sin(grouped(*a))), (0, 1))(x, W)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(a, b, **matmul_tolerance(1e-5, 1e-5))
 
 
 DENSE_CPU_CASES = [  # (x shape, W shape, stride, pads, dilation): each CPU form is taken
@@ -141,10 +146,10 @@ def test_dense_convolution_on_cpu_equals_xla_convolution(x_shape, W_shape, strid
     def xla(x, W):
         return conv_cpu.xla_conv(x, W, stride, pads, dilation)
 
-    np.testing.assert_allclose(dense(x, W), xla(x, W), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dense(x, W), xla(x, W), **matmul_tolerance(1e-5, 1e-5))
     for a, b in zip(jax.grad(lambda *a: jnp.sum(jnp.sin(dense(*a))), (0, 1))(x, W),
                     jax.grad(lambda *a: jnp.sum(jnp.sin(xla(*a))), (0, 1))(x, W)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(a, b, **matmul_tolerance(1e-5, 1e-5))
     # only the input's gradient, only the weight's
     np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(dense(x, W) ** 2))(x),
                                jax.grad(lambda x: jnp.sum(xla(x, W) ** 2))(x), rtol=1e-4,
@@ -195,7 +200,7 @@ def test_conv2d_forward_and_grad(cin, cout, kernel, stride, pad, dil, group, bia
 
     y, grads = check_fd(op, arrays)
     expected = conv_reference(x, W, b, stride, pad, dil, group, odd)
-    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y, expected, **matmul_tolerance(1e-4, 1e-4))
     assert (handle.conv_height, handle.conv_width) == expected.shape[2:]
     assert all(g.shape == a.shape for g, a in zip(grads, arrays))
 
@@ -557,7 +562,7 @@ def test_rnn_bidirectional_masked_matches_stepwise_numpy(mode):
     op = nn._RNN(handle, return_sequences=True, use_mask=True, seq_lengths=seq)
     y = op(leaf(x), leaf(hx), leaf(cx), leaf(flat))[0]
     expected, _, _ = np_rnn(mode, x, hx, cx, params, lengths, 1, 2)
-    np.testing.assert_allclose(np.asarray(y.array), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(y.array), expected, **matmul_tolerance(1e-4, 1e-5))
 
 
 def test_rnn_two_layers_last_step_matches_numpy():
@@ -567,7 +572,7 @@ def test_rnn_two_layers_last_step_matches_numpy():
     last = nn._RNN(handle)(leaf(x), leaf(hx), leaf(cx), leaf(flat))[0]
     expected, _, _ = np_rnn(2, x, hx, cx, params, [x.shape[0]] * x.shape[1], 2, 1)
     assert last.shape == expected.shape[1:]
-    np.testing.assert_allclose(np.asarray(last.array), expected[-1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(last.array), expected[-1], **matmul_tolerance(1e-4, 1e-5))
 
 
 def test_rnn_final_states_match_numpy():
@@ -578,7 +583,7 @@ def test_rnn_final_states_match_numpy():
                                                bidirectional=1, bias=1, dropout=0.0))
     got = kernel(x, hx, cx, flat, lengths)
     for g, want in zip(got, np_rnn(3, x, hx, cx, params, lengths, 1, 2)):
-        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(g), want, **matmul_tolerance(1e-4, 1e-5))
 
 
 @pytest.mark.parametrize("mode", [2, 3])

@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from backend_precision import matmul_tolerance
 from singa_jax import autograd, layer, tensor
+from singa_jax.precision import float32_matmul_precision_scope
 from singa_jax.tensor import Tensor
 
 
@@ -35,15 +37,17 @@ def check_forward_and_grads(lay, inputs, ref, rng, atol=1e-4):
     y = lay(*inputs)
     params = {n: jnp.asarray(p.array) for n, p in lay.get_params().items()}
     arrays = [jnp.asarray(x.array) for x in inputs]
-    expected = jax.jit(ref)(params, *arrays)  # jit: one compile instead of one per jnp op
-    np.testing.assert_allclose(np.asarray(y.array), np.asarray(expected), atol=atol, rtol=1e-4)
     dy = randn(rng, *y.shape)
+    with float32_matmul_precision_scope("float32"):  # exact references, on any backend
+        expected = jax.jit(ref)(params, *arrays)  # jit: one compile instead of one per jnp op
+        ref_grads = jax.jit(jax.grad(lambda p: jnp.sum(ref(p, *arrays) * dy)))(params)
+    np.testing.assert_allclose(np.asarray(y.array), np.asarray(expected),
+                               **matmul_tolerance(1e-4, atol))
     grads = {p.name: np.asarray(g.array) for p, g in autograd.backward(y, T(dy))}
-    ref_grads = jax.jit(jax.grad(lambda p: jnp.sum(ref(p, *arrays) * dy)))(params)
     assert set(grads) == set(ref_grads)
     for name in ref_grads:
-        np.testing.assert_allclose(grads[name], np.asarray(ref_grads[name]), atol=atol, rtol=1e-3,
-                                   err_msg=name)
+        np.testing.assert_allclose(grads[name], np.asarray(ref_grads[name]),
+                                   **matmul_tolerance(1e-3, atol), err_msg=name)
     return y
 
 
@@ -337,9 +341,9 @@ def test_rnn_against_recurrence(nonlinearity, rng):
     hh = np.asarray(h0.array)
     for t, x in enumerate(xs):
         hh = act(np.asarray(x.array) @ p["Wx"] + hh @ p["Wh"] + p["b"])
-        np.testing.assert_allclose(np.asarray(out[t].array), hh, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(out[t].array), hh, **matmul_tolerance(1e-7, 1e-5))
         step = rnn.step_forward(x, h0 if t == 0 else out[t - 1], rnn.Wx, rnn.Wh, rnn.b)
-        np.testing.assert_allclose(np.asarray(step.array), hh, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(step.array), hh, **matmul_tolerance(1e-7, 1e-5))
     assert h is out[-1]
 
     def ref(params, *arrays):
@@ -359,7 +363,7 @@ def test_rnn_against_recurrence(nonlinearity, rng):
     params = {k: jnp.asarray(v) for k, v in p.items()}
     expected = jax.jit(jax.grad(lambda q: jnp.sum(ref(q, *arrays) * dy)))(params)
     for k in expected:
-        np.testing.assert_allclose(grads[k], np.asarray(expected[k]), atol=1e-4, err_msg=k)
+        np.testing.assert_allclose(grads[k], np.asarray(expected[k]), **matmul_tolerance(1e-7, 1e-4), err_msg=k)
 
 
 def test_lstm_against_recurrence(rng):
@@ -381,11 +385,11 @@ def test_lstm_against_recurrence(rng):
         i, f, o = (_sigmoid(gate(g, xa, hh)) for g in "ifo")
         cc = f * cc + i * np.tanh(gate("g", xa, hh))
         hh = o * np.tanh(cc)
-        np.testing.assert_allclose(np.asarray(out[t].array), hh, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(c.array), cc, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(out[t].array), hh, **matmul_tolerance(1e-7, 1e-5))
+    np.testing.assert_allclose(np.asarray(c.array), cc, **matmul_tolerance(1e-7, 1e-5))
     assert h is out[-1]
     h1, c1 = lstm.step_forward(xs[0], h0, c0)
-    np.testing.assert_allclose(np.asarray(h1.array), np.asarray(out[0].array), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(h1.array), np.asarray(out[0].array), **matmul_tolerance(1e-7, 1e-5))
 
     def ref(params, *arrays):
         hcur, ccur = arrays[-2], arrays[-1]
@@ -404,7 +408,7 @@ def test_lstm_against_recurrence(rng):
     params = {k: jnp.asarray(v) for k, v in p.items()}
     expected = jax.jit(jax.grad(lambda q: jnp.sum(ref(q, *arrays) * dy)))(params)
     for k in expected:
-        np.testing.assert_allclose(grads[k], np.asarray(expected[k]), atol=1e-4, err_msg=k)
+        np.testing.assert_allclose(grads[k], np.asarray(expected[k]), **matmul_tolerance(1e-7, 1e-4), err_msg=k)
 
 
 def test_cudnn_rnn_lstm_against_recurrence(rng):
@@ -432,7 +436,7 @@ def test_cudnn_rnn_lstm_against_recurrence(rng):
         cc = _sigmoid(z[1]) * cc + _sigmoid(z[0]) * np.tanh(z[2])
         hh = _sigmoid(z[3]) * np.tanh(cc)
         outs.append(hh)
-    np.testing.assert_allclose(np.asarray(rnn(x).array), np.stack(outs, 1), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(rnn(x).array), np.stack(outs, 1), **matmul_tolerance(1e-7, 1e-5))
     last = layer.CudnnRNN(4, rnn_mode="lstm", bidirectional=True, return_sequences=False,
                           batch_first=False)
     assert last(T(randn(rng, 3, 2, 5))).shape == (2, 8)
