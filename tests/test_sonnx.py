@@ -200,6 +200,65 @@ def test_export_errors(rng):
 
 
 # --------------------------------------------------------------------------------------------
+# opset and IR version of what we write
+# --------------------------------------------------------------------------------------------
+def _ir_for(opset):
+    return helper.find_min_ir_version_for([helper.make_opsetid("", opset)])
+
+
+def test_default_export_is_loadable_by_onnxruntime_1_18(rng, tmp_path):
+    """onnxruntime 1.18 (the onnx extra's floor) loads IR <= 10 and opset <= 21: a default
+    export stays within both whatever onnx is installed, and runs as singa_jax computed it."""
+    m = CNN()
+    x = t(rng.standard_normal((2, 3, 12, 12)).astype(np.float32))
+    m.compile([x], is_train=False, use_graph=False)
+    _randomize_bn(m, rng)
+    y = m.forward(x)
+    assert sonnx.DEFAULT_OPSET == min(onnx.defs.onnx_opset_version(), 21)
+    for om in (sonnx.to_onnx([x], [y]), sonnx.SingaFrontend.singa_to_onnx_model([x], y)):
+        assert [(o.domain, o.version) for o in om.opset_import] == [("", sonnx.DEFAULT_OPSET)]
+        assert om.ir_version <= 10 and om.ir_version == _ir_for(sonnx.DEFAULT_OPSET)
+        onnx.checker.check_model(om, full_check=True)
+        sonnx.save(om, str(tmp_path / "m.onnx"))  # as a user ships it
+        loaded = sonnx.load(str(tmp_path / "m.onnx"))
+        assert loaded.ir_version == om.ir_version
+        np.testing.assert_allclose(ort_run(loaded, tensor.to_numpy(x))[0], tensor.to_numpy(y),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [18, onnx.defs.onnx_opset_version()])
+def test_explicit_opset_gets_the_ir_version_it_needs(opset, rng):
+    a = t(rng.standard_normal((3, 4)).astype(np.float32))
+    y = autograd.reduce_mean(autograd.relu(a), [1], 1)
+    om = sonnx.to_onnx([a], [y], opset_version=opset)
+    assert om.opset_import[0].version == opset
+    assert om.ir_version == _ir_for(opset)  # 8 for 18; 14 for onnx 1.23's 28
+    onnx.checker.check_model(om, full_check=True)
+    np.testing.assert_allclose(ort_run(om, tensor.to_numpy(a))[0], tensor.to_numpy(y),
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("opset", [7, 13, 21])
+def test_run_node_model_has_the_ir_version_of_its_opset(opset, monkeypatch):
+    """run_node builds a one-node model: it carries its opset's IR version, so onnxruntime
+    (and any runtime reading that opset) loads it too."""
+    built = []
+    prepare = sonnx.SingaBackend.prepare.__func__
+
+    def spy(cls, model, *args, **kwargs):
+        built.append(model)
+        return prepare(cls, model, *args, **kwargs)
+
+    monkeypatch.setattr(sonnx.SingaBackend, "prepare", classmethod(spy))
+    a = np.array([[-1.5, 0.5, 2.0]], np.float32)
+    out = sonnx.run_node(helper.make_node("Relu", ["a"], ["y"]), [a], opset_version=opset)
+    np.testing.assert_array_equal(out["y"], np.maximum(a, 0))
+    (m,) = built
+    assert m.ir_version == _ir_for(opset)
+    np.testing.assert_array_equal(ort_run(m, a)[0], np.maximum(a, 0))
+
+
+# --------------------------------------------------------------------------------------------
 # import: hand-built graphs against NumPy, errors raised at prepare
 # --------------------------------------------------------------------------------------------
 def _model(nodes, inputs, outputs, inits=(), opset=17):
@@ -268,6 +327,93 @@ def test_bad_input_shape_and_dtype():
         rep.run([np.zeros((2, 3), bool)])
     with pytest.raises(ValueError, match="expects 1 input"):
         rep.run([])
+
+
+def _declared_batch_1_cnn(rng):
+    """A file that declares batch 1 (as many exporters write): Conv -> Relu -> Reshape(0, -1)
+    -> Gemm -> Relu -> Flatten -> Gemm, batch-free as written."""
+    w = {"cw": 0.3 * rng.standard_normal((4, 3, 3, 3)), "cb": 0.1 * rng.standard_normal(4),
+         "w1": 0.1 * rng.standard_normal((16, 4 * 6 * 6)), "b1": 0.1 * rng.standard_normal(16),
+         "w2": 0.3 * rng.standard_normal((16, 5)), "b2": 0.1 * rng.standard_normal(5)}
+    w = {k: v.astype(np.float32) for k, v in w.items()}
+    nodes = [helper.make_node("Conv", ["x", "cw", "cb"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Reshape", ["r", "to2d"], ["f"], name="flat"),
+             helper.make_node("Gemm", ["f", "w1", "b1"], ["h"], name="fc1", transB=1),
+             helper.make_node("Relu", ["h"], ["hr"]),
+             helper.make_node("Flatten", ["hr"], ["hf"], axis=1),
+             helper.make_node("Gemm", ["hf", "w2", "b2"], ["y"], name="fc2")]
+    inits = [onnx.numpy_helper.from_array(v, k) for k, v in w.items()]
+    inits.append(onnx.numpy_helper.from_array(np.array([0, -1], np.int64), "to2d"))
+    m = _model(nodes, [_vi("x", [1, 3, 6, 6])], [_vi("y", [1, 5])], inits)
+
+    def reference(x):  # NumPy
+        p = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        win = np.lib.stride_tricks.sliding_window_view(p, (3, 3), axis=(2, 3))
+        c = np.einsum("nchwij,kcij->nkhw", win, w["cw"]) + w["cb"][:, None, None]
+        h = np.maximum(np.maximum(c, 0).reshape(len(x), -1) @ w["w1"].T + w["b1"], 0)
+        return h @ w["w2"] + w["b2"]
+    return m, reference
+
+
+def _symbolic_batch(m):
+    """A copy whose batch dimension is symbolic: onnxruntime refuses batch 8 for a declared 1."""
+    m = onnx.ModelProto.FromString(m.SerializeToString())
+    for vi in list(m.graph.input) + list(m.graph.output):
+        vi.type.tensor_type.shape.dim[0].dim_param = "n"
+    return m
+
+
+def test_declared_batch_1_runs_at_any_batch(rng):
+    m, reference = _declared_batch_1_cnn(rng)
+    rep = sonnx.prepare(m)
+    for n in (1, 8):
+        x = rng.standard_normal((n, 3, 6, 6)).astype(np.float32)
+        want = ort_run(_symbolic_batch(m), x)[0]
+        np.testing.assert_allclose(want, reference(x), rtol=1e-4, atol=1e-5)
+        (got,) = rep.run([x])  # NumPy in, NumPy out
+        assert got.shape == (n, 5)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        (got_t,) = rep.run([t(x)])  # Tensors in, Tensors out
+        np.testing.assert_allclose(tensor.to_numpy(got_t), want, rtol=1e-5, atol=1e-5)
+
+
+def test_declared_batch_1_other_axes_stay_checked(rng):
+    m, _ = _declared_batch_1_cnn(rng)
+    rep = sonnx.prepare(m)
+    for shape in ((8, 4, 6, 6), (8, 3, 6), (1, 3, 6, 7)):
+        with pytest.raises(ValueError, match=re.escape(
+                f"input 'x' expects shape (1, 3, 6, 6), got {shape} (the leading, batch axis "
+                f"may have any size)")):
+            rep.run([np.zeros(shape, np.float32)])
+
+
+def test_reshape_with_a_baked_in_batch_keeps_it(rng):
+    """A Reshape constant that writes the batch as 1 keeps 1 (as SINGA's would), as torch writes
+    x.view(x.size(0), -1) at a fixed batch: at batch 8, [1, 12] cannot reshape and [1, -1]
+    folds the batch into axis 1, which the next Gemm rejects; both errors name their node."""
+    w = rng.standard_normal((12, 2)).astype(np.float32)
+
+    def model(target):
+        return _model([helper.make_node("Reshape", ["x", "s"], ["h"], name="flat"),
+                       helper.make_node("Gemm", ["h", "w"], ["y"], name="fc")],
+                      [_vi("x", [1, 3, 4])], [_vi("y", [1, 2])],
+                      [onnx.numpy_helper.from_array(np.array(target, np.int64), "s"),
+                       onnx.numpy_helper.from_array(w, "w")])
+
+    x = rng.standard_normal((1, 3, 4)).astype(np.float32)
+    x8 = np.zeros((8, 3, 4), np.float32)
+    for target in ([1, 12], [1, -1]):
+        rep = sonnx.prepare(model(target))
+        np.testing.assert_allclose(rep.run([x])[0], x.reshape(1, 12) @ w, rtol=1e-5)
+        if target == [1, 12]:
+            with pytest.raises(ValueError, match=re.escape(
+                    "node 'flat' (Reshape, opset 17): cannot reshape (8, 3, 4) to [1, 12]")):
+                rep.run([x8])
+        else:
+            with pytest.raises(TypeError, match=re.escape(
+                    "node 'fc' (Gemm, opset 17) on inputs of shapes [(1, 96), (12, 2)]: ")):
+                rep.run([x8])
 
 
 def test_run_node_and_get_op():
@@ -347,6 +493,35 @@ def test_sonnx_model_fine_tunes_in_eager_and_graph_mode(rng, tmp_path):
     net.eval()
     other.eval()
     np.testing.assert_allclose(tensor.to_numpy(other(x)), tensor.to_numpy(net(x)), rtol=1e-5)
+
+
+class Classifier(sonnx.SONNXModel):
+    def forward(self, x):
+        return super().forward(x)[0]
+
+    def train_one_batch(self, x, y):
+        loss = autograd.softmax_cross_entropy(self.forward(x), y)
+        self.optimizer(loss)
+        return loss
+
+
+@pytest.mark.parametrize("use_graph", [False, True])
+def test_declared_batch_1_fine_tunes_at_batch_8(use_graph, rng):
+    m, reference = _declared_batch_1_cnn(rng)
+    x = rng.standard_normal((8, 3, 6, 6)).astype(np.float32)
+    y = np.eye(5, dtype=np.float32)[rng.integers(0, 5, 8)]
+    net = Classifier(m)
+    net.set_optimizer(opt.SGD(lr=0.05, momentum=0.9))
+    tx, ty = t(x), t(y)
+    net.compile([tx], is_train=True, use_graph=use_graph)
+    logits = reference(x)  # the loss of the first step, from NumPy
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    first = -np.mean(np.sum(y * np.log(p / p.sum(1, keepdims=True)), 1))
+    losses = [tensor.to_numpy(net(tx, ty)).item() for _ in range(8)]
+    np.testing.assert_allclose(losses[0], first, rtol=1e-4)
+    assert losses[-1] < 0.5 * losses[0], losses
+    net.eval()
+    assert tensor.to_numpy(net(tx)).shape == (8, 5)
 
 
 def test_gradients_match_finite_differences(rng):

@@ -3,6 +3,7 @@ singa_jax.sonnx as in onnxruntime, and one of them fine-tunes."""
 import io
 import warnings
 
+import jax
 import numpy as np
 import pytest
 
@@ -10,7 +11,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
-from singa_jax import autograd, opt, tensor  # noqa: E402
+from singa_jax import autograd, device, opt, tensor  # noqa: E402
 from singa_jax import sonnx  # noqa: E402
 
 nn = torch.nn
@@ -110,7 +111,15 @@ def test_torch_model_matches_onnxruntime(net, shape, opset, rng):
         assert "BatchNormalization" in ops
 
 
-def test_torch_cnn_fine_tunes(rng):
+@pytest.mark.parametrize("where", [
+    "default", pytest.param("cpu:1", marks=pytest.mark.skipif(
+        len(jax.devices()) < 2, reason="needs two JAX devices (run with "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=2)"))])
+def test_torch_cnn_fine_tunes(where, rng):
+    """On the default device (a GPU where there is one) and on host device 1 of two: prepare's
+    weights start on the host device 0 and must follow the inputs (on a GPU host, inputs on
+    the GPU met weights on the CPU: 'incompatible devices')."""
+    dev = device.get_default_device() if where == "default" else device.create_cpu_devices(2)[1]
     m = export(CNNBN(), (2, 3, 16, 16))
     x = rng.standard_normal((6, 3, 16, 16)).astype(np.float32)
     labels = np.eye(4, dtype=np.float32)[[0, 1, 2, 3, 0, 1]]
@@ -126,10 +135,11 @@ def test_torch_cnn_fine_tunes(rng):
 
     net = Net(m)
     net.set_optimizer(opt.SGD(lr=0.05, momentum=0.9))
-    tx, ty = tensor.Tensor(data=x), tensor.Tensor(data=labels)
+    tx, ty = tensor.Tensor(data=x, device=dev), tensor.Tensor(data=labels, device=dev)
     net.compile([tx], is_train=True, use_graph=True)
     losses = [tensor.to_numpy(net(tx, ty)).item() for _ in range(6)]
     assert losses[-1] < 0.7 * losses[0], losses
+    assert all(t.array.devices() == {dev.jax_device} for t in net.get_states().values())
     assert set(net.get_params()) == {i.name for i in m.graph.initializer
                                      if not i.name.endswith(("running_mean", "running_var"))
                                      and i.data_type == onnx.TensorProto.FLOAT}

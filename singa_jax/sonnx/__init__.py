@@ -18,15 +18,15 @@ except ImportError as e:  # the extra is optional: say how to get it
 from .. import device as _device
 from .backend import (NP_TYPE_TO_SINGA_SUPPORT_TYPE, GraphOp, GraphProgram, OnnxAttributes,
                       OnnxNode, SingaBackend, SingaRep, onnx_type_to_singa_type)
-from .frontend import DEFAULT_OPSET, EXPORTERS, SingaFrontend
+from .frontend import DEFAULT_OPSET, EXPORTERS, RUNTIME_MAX_OPSET, SingaFrontend
 from .ops import OPS, UnsupportedOnnx, op_table_markdown
 from .sonnx_model import SONNXModel
 
 __all__ = ["SingaFrontend", "SingaBackend", "SingaRep", "SONNXModel", "OnnxNode",
            "OnnxAttributes", "GraphOp", "GraphProgram", "UnsupportedOnnx", "OPS", "EXPORTERS",
-           "DEFAULT_OPSET", "NP_TYPE_TO_SINGA_SUPPORT_TYPE", "onnx_type_to_singa_type",
-           "op_table_markdown", "OrderedDict", "namedtuple", "cpu_dev", "gpu_dev", "prepare",
-           "run_node", "get_op", "to_onnx", "save", "load"]
+           "DEFAULT_OPSET", "RUNTIME_MAX_OPSET", "NP_TYPE_TO_SINGA_SUPPORT_TYPE",
+           "onnx_type_to_singa_type", "op_table_markdown", "OrderedDict", "namedtuple", "cpu_dev",
+           "gpu_dev", "prepare", "run_node", "get_op", "to_onnx", "save", "load"]
 
 OrderedDict = collections.OrderedDict
 namedtuple = collections.namedtuple

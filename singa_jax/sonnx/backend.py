@@ -32,6 +32,7 @@ from ..autograd.function import _pullback  # the eager ops' pullback kernel
 from ..layer.base import Layer
 from ..xla_options import kernel
 from . import nn_ops  # noqa: F401 (registers the nn family in OPS)
+from .frontend import make_model_at_opset
 from .ops import OPS, NodeCall, OpSpec, UnsupportedOnnx, jax_dtype
 
 __all__ = ["OnnxNode", "OnnxAttributes", "GraphProgram", "GraphOp", "GraphWeights", "SingaBackend", "SingaRep",
@@ -262,7 +263,17 @@ class GraphProgram:
             args = [env[n] if n else None for n in node.inputs]
             call = self._call(node, training, next(keys) if keys is not None else None)
             call.state_updates = {}
-            env.update(zip(node.outputs, self._run_node(node, spec, call, args)))
+            try:
+                outs = self._run_node(node, spec, call, args)
+            except (TypeError, ValueError) as e:
+                # JAX's own shape errors (a Gemm fed a batch that a Reshape constant folded into
+                # another axis) name no node: say which one, and the shapes it was given
+                if type(e) not in (TypeError, ValueError) or str(e).startswith("node '"):
+                    raise
+                shapes = [None if a is None else tuple(np.shape(a)) for a in args]
+                raise type(e)(f"node '{node.name}' ({node.op_type}, opset {self.opset}) on "
+                              f"inputs of shapes {shapes}: {e}") from e
+            env.update(zip(node.outputs, outs))
             for pos, value in call.state_updates.items():
                 updates[node.inputs[pos]] = value
         outs = tuple(env[n] for n in wanted)
@@ -423,6 +434,10 @@ class SingaRep(BackendRep):
     the ONNX file) and batch-norm statistics (``get_states()``) are singa_jax Tensors held by
     the layer ``weights``, so it trains like a layer. Args follow SINGA's: ``params`` (initial values ``{name: ndarray}``),
     ``inputs`` and ``outputs`` (value infos), ``layers`` (the :class:`GraphProgram`), ``device``.
+
+    Device: the weights start on ``device`` (``dev``), where NumPy inputs go too. The first run
+    with Tensor inputs moves them to those Tensors' device, as SINGA's first ``run`` does; later
+    runs keep them there (an optimizer's slots live beside them) and reject Tensors elsewhere.
     """
 
     def __init__(self, params: Dict[str, np.ndarray], inputs: Sequence[ValueInfo],
@@ -437,6 +452,8 @@ class SingaRep(BackendRep):
         self.tensor_count: Dict[str, int] = {}
         self.has_initialized = False
         self.is_graph = False
+        # set by the first run with Tensor inputs, which moves the weights to their device
+        self._placed = False
         self.initialize()
 
     # --- SINGA's helpers ------------------------------------------------------------------
@@ -479,15 +496,20 @@ class SingaRep(BackendRep):
                 self.get_s(name, node, tensor_dict)
 
     def to_input_tensor(self, x: Sequence[Any]) -> Dict[str, tensor.Tensor]:
-        """``{input name: Tensor}`` from the arrays or Tensors ``x``, checked against the graph's
-        declared inputs (count, rank, fixed dimensions, element kind)."""
+        """``{input name: Tensor}`` from the arrays or Tensors ``x`` (arrays go to ``dev``),
+        checked against the graph's declared inputs (count, rank, fixed dimensions but the
+        leading, batch one, element kind)."""
+        self._check_count(x)
+        return self._feeds(x, self.dev)
+
+    def _feeds(self, x: Sequence[Any], dev: device_module.Device) -> Dict[str, tensor.Tensor]:
+        return {info.name: self._check_input(info, value, dev)
+                for info, value in zip(self.inputs, x)}
+
+    def _check_count(self, x: Sequence[Any]) -> None:
         if len(x) != len(self.inputs):
             raise ValueError(f"{self._what()}: expects {len(self.inputs)} input(s) "
                              f"{[v.name for v in self.inputs]}, got {len(x)}")
-        out = {}
-        for info, value in zip(self.inputs, x):
-            out[info.name] = self._check_input(info, value)
-        return out
 
     def to_output_tensor(self, y: tensor.Tensor, out_name: str) -> np.ndarray:
         """A result as a NumPy array of the graph's declared element type."""
@@ -512,10 +534,18 @@ class SingaRep(BackendRep):
         return self._run(x, as_numpy, **kwargs)
 
     def _run(self, x: Sequence[Any], as_numpy: bool, **kwargs: Any) -> List[Any]:
-        feeds = self.to_input_tensor(list(x))
+        x = list(x)
+        self._check_count(x)
+        dev = self._run_device(x)
+        feeds = self._feeds(x, dev)
         wanted = self._wanted(kwargs.get("last_layers"), kwargs.get("aux_output", ()))
         host = HostValues({n: _host_value(self._what(), n, feeds[n]) for n in
                            self.program.host_inputs})
+        # every check passed: only now may the weights move
+        if dev is not self.dev:
+            self._move_weights(dev)
+        if not as_numpy:
+            self._placed = True
         op = GraphOp(self.program, wanted, host)
         args = [feeds[v.name] for v in self.program.dynamic_inputs()]
         args += [self.params[n] for n in self.program.params]
@@ -528,6 +558,45 @@ class SingaRep(BackendRep):
         if as_numpy:
             return [self.to_output_tensor(y, n) for y, n in zip(outs, wanted)]
         return list(outs)
+
+    def _run_device(self, x: Sequence[Any]) -> device_module.Device:
+        """The device this run computes on: that of its Tensor inputs (which must share one),
+        else ``dev``. Raises when the weights cannot follow it there."""
+        tensors = [(info.name, v) for info, v in zip(self.inputs, x)
+                   if isinstance(v, tensor.Tensor)]
+        if not tensors:
+            return self.dev
+        name, first = tensors[0]
+        dev = first.device
+        elsewhere = [f"'{n}' on {t.device}" for n, t in tensors[1:] if t.device is not dev]
+        if elsewhere:
+            raise ValueError(f"{self._what()}: the Tensor inputs are on different devices: "
+                             f"'{name}' on {dev}, {', '.join(elsewhere)}; move them to one "
+                             f"device with Tensor.to_device")
+        if dev is self.dev:
+            return dev
+        if self._placed:
+            raise ValueError(f"{self._what()}: input '{name}' is on {dev}, but the model's "
+                             f"weights are on {self.dev}, where its first run with Tensors put "
+                             f"them (they follow the inputs' device on that run only, as in "
+                             f"SINGA); move the input with Tensor.to_device({self.dev})")
+        weights = list(self.params.values()) + list(self.states.values())
+        if any(isinstance(t.array, jax.core.Tracer) for t in weights):
+            raise ValueError(f"{self._what()}: input '{name}' is on {dev}, but the model's "
+                             f"weights are on {self.dev} and cannot move inside a compiled "
+                             f"(graph mode) step; run the model once eagerly first, e.g. "
+                             f"Model.compile([x]) with x on {dev}")
+        return dev
+
+    def _move_weights(self, dev: device_module.Device) -> None:
+        """Move every parameter and state to ``dev`` in place (the same Tensors: layers and
+        optimizers holding them see the move). Concrete even when the first run is traced
+        (``Model.compile`` runs it under ``jax.eval_shape``): the weights are no values of the
+        trace, and a traced copy would leak out of it."""
+        with jax.ensure_compile_time_eval():
+            for t in list(self.params.values()) + list(self.states.values()):
+                t.to_device(dev)
+        self.dev = dev
 
     def _wanted(self, last_layers: Optional[int], aux_output: Sequence[str]) -> Tuple[str, ...]:
         nodes = self.program.nodes
@@ -544,18 +613,23 @@ class SingaRep(BackendRep):
             raise ValueError(f"{self._what()}: no value named {missing} in the graph")
         return tuple(names)
 
-    def _check_input(self, info: ValueInfo, value: Any) -> tensor.Tensor:
+    def _check_input(self, info: ValueInfo, value: Any, dev: device_module.Device
+                     ) -> tensor.Tensor:
         what = f"{self._what()}: input '{info.name}'"
         t = value if isinstance(value, tensor.Tensor) else None
         arr_shape = tuple(t.shape) if t is not None else np.shape(value)
         want = jax_dtype(info.dtype) if info.dtype else None
         got = np.dtype(t.dtype) if t is not None else np.asarray(value).dtype
         if info.shape is not None:
+            # the leading (batch) axis is free: exported files often declare batch 1, and
+            # SINGA checks no shape at all; every other fixed axis must match
             bad = len(arr_shape) != len(info.shape) or any(
-                d is not None and d != 0 and d != s for d, s in zip(info.shape, arr_shape))
+                d is not None and d != 0 and d != s
+                for d, s in list(zip(info.shape, arr_shape))[1:])
             if bad:
                 shown = tuple("?" if d is None else d for d in info.shape)
-                raise ValueError(f"{what} expects shape {shown}, got {arr_shape}")
+                raise ValueError(f"{what} expects shape {shown}, got {arr_shape} (the "
+                                 f"leading, batch axis may have any size)")
         if want is not None and got != want:
             if got.kind != want.kind and not (got.kind in "iu" and want.kind in "iu"):
                 raise TypeError(f"{what} expects dtype {np.dtype(helper.tensor_dtype_to_np_dtype(info.dtype))}, "
@@ -563,7 +637,7 @@ class SingaRep(BackendRep):
         if t is None:
             arr = np.asarray(value)
             t = tensor.Tensor(data=_to_jax(arr.astype(want) if want is not None else arr),
-                              device=self.dev, requires_grad=False)
+                              device=dev, requires_grad=False)
         elif want is not None and got != want:
             t = autograd.cast(t, want)
         return t
@@ -660,7 +734,9 @@ class SingaBackend(Backend):
                for n, a in zip(names, arrays)]
         outs = [onnx.ValueInfoProto(name=n) for n in node.output if n]
         graph = helper.make_graph([node], "run_node", vis, outs)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset_version)])
+        # the IR version of the opset, not onnx's newest: the model stays loadable by any
+        # runtime that reads the opset (onnxruntime 1.18 reads IR <= 10)
+        model = make_model_at_opset(graph, opset_version)
         model = onnx.shape_inference.infer_shapes(model)  # types the outputs for the checker
         rep = SingaBackend.prepare(model, device)
         return collections.OrderedDict(zip([o.name for o in outs], rep.run(arrays)))

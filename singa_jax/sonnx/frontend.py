@@ -22,11 +22,32 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from .. import autograd, tensor
 
-__all__ = ["SingaFrontend", "EXPORTERS", "DEFAULT_OPSET", "MIN_OPSET"]
+__all__ = ["SingaFrontend", "EXPORTERS", "DEFAULT_OPSET", "MIN_OPSET", "RUNTIME_MAX_OPSET",
+           "ir_version_for", "make_model_at_opset"]
 
-#: the newest opset onnx defines (onnxruntime 1.2x runs every op we emit at it)
-DEFAULT_OPSET = onnx.defs.onnx_opset_version()
+#: The newest opset (21, ONNX IR version 10) that onnxruntime 1.18 -- the floor of the ``onnx``
+#: extra -- loads. An export at onnx's newest opset carries onnx's newest IR version (14 with
+#: onnx 1.23), which an older onnxruntime refuses ("Unsupported model IR version").
+RUNTIME_MAX_OPSET = 21
+#: the default export opset: RUNTIME_MAX_OPSET, or onnx's newest when that is older (onnx 1.16,
+#: the extra's floor, defines 21); ``opset_version=`` asks for another
+DEFAULT_OPSET = min(onnx.defs.onnx_opset_version(), RUNTIME_MAX_OPSET)
 MIN_OPSET = 11  # SINGA's
+
+
+def ir_version_for(opset: int) -> int:
+    """The ONNX IR version a model importing the default domain at ``opset`` needs (the oldest
+    that defines it: 10 for opset 21), not onnx's newest -- so that a runtime which reads that
+    opset also loads the file."""
+    return helper.find_min_ir_version_for([helper.make_opsetid("", opset)])
+
+
+def make_model_at_opset(graph: onnx.GraphProto, opset: int, **kwargs: Any) -> onnx.ModelProto:
+    """``helper.make_model`` importing the default domain at ``opset``, with the IR version that
+    opset needs (``helper.make_model`` alone writes onnx's newest)."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], **kwargs)
+    model.ir_version = ir_version_for(opset)
+    return model
 
 
 class _Export:
@@ -85,7 +106,7 @@ class _Export:
             graph = helper.make_graph(self.nodes, "partial", vis, [],
                                       initializer=[numpy_helper.from_array(a, n)
                                                    for n, a in self.inits.items()])
-            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+            model = make_model_at_opset(graph, self.opset)
             inferred = shape_inference.infer_shapes(model).graph
             self._shapes = {}
             for vi in list(inferred.value_info) + list(inferred.input):
@@ -584,8 +605,9 @@ class SingaFrontend:
     def singa_to_onnx_model(cls, inputs: Sequence[tensor.Tensor], y: Any,
                             model_name: str = "sonnx", opset_version: Optional[int] = None,
                             dynamic_batch: bool = True) -> onnx.ModelProto:
-        """The ONNX model computing ``y`` from ``inputs`` at ``opset_version`` (default: the
-        newest onnx defines; SINGA used 11). With ``dynamic_batch`` the leading dimension of
+        """The ONNX model computing ``y`` from ``inputs`` at ``opset_version`` (default
+        :data:`DEFAULT_OPSET`, 21: what onnxruntime >= 1.18 loads; SINGA used 11), with the IR
+        version that opset needs (10 for 21). With ``dynamic_batch`` the leading dimension of
         inputs and outputs is the symbolic ``batch`` when the graph allows another batch size.
         """
         opset = opset_version or cls._target_opset_version
@@ -593,9 +615,7 @@ class SingaFrontend:
             raise ValueError(f"export: opset_version must be in [{MIN_OPSET}, "
                              f"{onnx.defs.onnx_opset_version()}], got {opset}")
         graph = cls.singa_to_onnx_graph(list(inputs), y, model_name, opset)
-        opsets = [helper.make_opsetid("", opset)]
-        model = helper.make_model(graph, producer_name="singa_jax.sonnx", opset_imports=opsets)
-        model.ir_version = helper.find_min_ir_version_for(opsets)
+        model = make_model_at_opset(graph, opset, producer_name="singa_jax.sonnx")
         if dynamic_batch and _batch_can_vary(model):
             _make_batch_symbolic(model)
         onnx.checker.check_model(model, full_check=True)
