@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from backend_precision import matmul_tolerance
 from singa_jax import autograd, device, layer, model, opt, tensor
 from singa_jax.autograd import engine, function, residuals
 from singa_jax.autograd.function import Function
@@ -187,8 +188,8 @@ def test_singa_style_direct_calls_on_ctensors(rng):
     g = rng.normal(size=(3, 2)).astype(np.float32)
     dx, dw = _matmul_creator_backward(Tensor(data=x), Tensor(data=w, stores_grad=True),
                                 tensor.from_numpy(g))
-    np.testing.assert_allclose(np.asarray(dx), g @ w.T, rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(dw), x.T @ g, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(dx), g @ w.T, **matmul_tolerance(1e-6))
+    np.testing.assert_allclose(np.asarray(dw), x.T @ g, **matmul_tolerance(1e-6))
 
 
 def test_op_outputs_and_gradients_are_the_tensors_the_constructor_makes(rng):
