@@ -8,8 +8,10 @@ function
 
 and every later call with the same signature runs that program and writes the new arrays back
 into the same :class:`~singa_jax.tensor.Tensor` objects. The compiled program is that function
-trimmed by :class:`_Layout`: it takes only the state (tensors and keys) the step uses, donates
-the old buffers of only the state it rewrites, and returns only those new values.
+trimmed by :class:`~.graph_layout.Layout`: it takes only the state (tensors and keys) the step
+uses, donates the old buffers of only the state it rewrites, and returns only those new values.
+:meth:`GraphRunner.export` lowers the last compiled program of a method again for other
+platforms (``jax.export``), e.g. to show on a CPU machine that a step lowers for GPU and TPU.
 
 What is state
     * the tensors the caller declares (a Model passes its parameters and layer states, e.g.
@@ -36,10 +38,11 @@ What is state
 What retraces
     The cache key is (method, training flag, the pytree structure and shapes/dtypes of the tensor
     arguments, the values of the non-tensor arguments, the identity/shape/dtype of every state
-    tensor, the devices, and what the caller says the program bakes in: a Model's optimizers'
-    schedules and switches). A new batch size, a new static argument, a replaced or reshaped
-    parameter, a new learning-rate schedule, or newly discovered state gives a new program;
-    programs live in the :class:`GraphRunner` owned by each Model.
+    tensor, the devices, the float32 matmul precision in force (:mod:`.precision`), and what
+    the caller says the program bakes in: a Model's optimizers' schedules and switches). A new
+    batch size, a new static argument, a replaced or reshaped parameter, a new learning-rate
+    schedule, a new precision, or newly discovered state gives a new program; programs live in
+    the :class:`GraphRunner` owned by each Model.
 
 What is not allowed
     Python control flow on tensor VALUES (``if loss > 0``, ``float(t)``, ``np.asarray(t.data)``)
@@ -59,13 +62,14 @@ from functools import lru_cache
 from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Sequence, Tuple
 
 import jax
-import jax.extend.core as jex_core
 import numpy as np
 
 from . import checks
 from . import device as device_mod
 from .autograd.engine import Dummy
+from .graph_layout import Layout, StepLowering, birth_values
 from .xla_options import compile_options, platform_of
+from .precision import float32_matmul_precision
 from .modes import TraceHook, current_trace_hook, trace_hook
 from .tensor import Tensor
 
@@ -270,6 +274,8 @@ class GraphRunner:
         self._declared_ids: Tuple[Any, Tuple[int, ...]] = (None, ())
         self._last: Tuple[Any, Any] = (None, None)  # (key, program) of the last compiled call
         self._one_offs: Dict[str, int] = {}  # consecutive non-cacheable traces, per method
+        # the last compiled program of each "Owner.method", as export() lowers it again
+        self._lowerings: Dict[str, StepLowering] = {}
         # Data-parallel layout of the next traced step (an opt.dist.SpmdStep: the step runs
         # under shard_map over all ranks' devices) or None. A Model sets it from its DistOpt
         # before each call; it must be reflected in run()'s ``static`` (DistOpt's key is).
@@ -292,6 +298,21 @@ class GraphRunner:
         if result is not NOT_CACHED:
             return result
         return self._trace_and_run(fn, name, args, kwargs, declared_state, training, static)
+
+    def export(self, name: str, platforms: Sequence[str] = ("cuda", "tpu")
+               ) -> jax.export.Exported:
+        """The program this runner last compiled for method ``name`` (a Model's
+        ``"train_one_batch"`` or ``"forward"``), lowered for ``platforms`` with
+        :func:`jax.export.export`: none of them need be present, so a CPU-only machine shows
+        that a step lowers for GPU and TPU (:class:`~.graph_layout.StepLowering`). The
+        exported function takes and returns what the compiled step does: ``(donated, read,
+        batch) -> (new state, new keys, extra outputs, results)``. Raises LookupError when no
+        call of ``name`` has been compiled, NotImplementedError for a DistOpt (SPMD) step."""
+        lowering = self._lowerings.get(f"{self.owner_name}.{name}")
+        if lowering is None:
+            raise LookupError(f"graph mode: {self.owner_name}.{name} has not been compiled yet; "
+                              f"call it once in graph mode first")
+        return lowering.export(platforms)
 
     def run_cached(self, name: str, args: tuple, kwargs: dict, declared_state: Sequence[Tensor],
                    training: bool, static: Hashable = ()) -> Any:
@@ -346,7 +367,7 @@ class GraphRunner:
         step is traced again."""
         leaves, arg_tree, arg_sig, arrays = _call_signature(args, kwargs, self.owner_name, name)
         key = (name, training, arg_tree, arg_sig, self._state_ids(declared_state),
-               device_mod.all_devices(), static)
+               device_mod.all_devices(), static, float32_matmul_precision())
         return leaves, arg_tree, arrays, key
 
     def _rekeyed(self, key: Tuple, state: List[Tensor]) -> Any:
@@ -468,12 +489,12 @@ class GraphRunner:
             new_state = [t for t in record["read"] if id(t) not in state_ids] + record["extra"]
             births = None
             if new_state and with_births:
-                births = _birth_values(closed, recorder, alive)
+                births = birth_values(closed, recorder, alive)
             if births is None:
-                layout = _Layout(closed, record["rewritten"], len(state), len(devices),
-                                 len(record["extra"]), len(alive) if with_births else 0)
+                layout = Layout(closed, record["rewritten"], len(state), len(devices),
+                                len(record["extra"]), len(alive) if with_births else 0)
                 compiled = self._compile(layout, spmd, [*originals, *original_keys],
-                                         batch_arrays, one_off=bool(new_state))
+                                         batch_arrays, one_off=bool(new_state), where=where)
         except _CONCRETE_VALUE_ERRORS as e:
             self._undo_trace(state, originals, devices, original_keys, recorder)
             raise GraphModeError(
@@ -514,9 +535,10 @@ class GraphRunner:
                         cacheable=not new_state, where=where,
                         state_ids=frozenset(state_ids), input_checks=record["input_checks"])
 
-    def _compile(self, layout: "_Layout", spmd: Any, holders: list, batch_arrays: list,
-                 one_off: bool) -> Any:
-        """Compile the trimmed program with this backend's options (:mod:`.xla_options`)."""
+    def _compile(self, layout: Layout, spmd: Any, holders: list, batch_arrays: list,
+                 one_off: bool, where: str) -> Any:
+        """Compile the trimmed program with this backend's options (:mod:`.xla_options`), and
+        remember what lowering it again needs (:meth:`export`)."""
         self.compile_count += 1
         donated_arrays = [holders[i] for i in layout.donated]
         read_arrays = [holders[i] for i in layout.read]
@@ -531,9 +553,14 @@ class GraphRunner:
             if spmd is None:
                 lowered = jax.jit(layout.program, donate_argnums=0).lower(
                     donated_arrays, read_arrays, batch_arrays)
-                return lowered.compile(options_for(lowered))
-            return spmd.compile(layout.program, donated_arrays, read_arrays, batch_arrays,
-                                options_for)
+                compiled = lowered.compile(options_for(lowered))
+            else:
+                compiled = spmd.compile(layout.program, donated_arrays, read_arrays,
+                                        batch_arrays, options_for)
+        self._lowerings[where] = StepLowering.of(layout.program if spmd is None else None,
+                                                 where, donated_arrays, read_arrays,
+                                                 batch_arrays)
+        return compiled
 
     @staticmethod
     def _undo_trace(state, originals, devices, original_keys, recorder: _Recorder) -> None:
@@ -586,102 +613,6 @@ class GraphRunner:
             _assert_no_tracers(prog)
             prog.checked = True
         return _build_result(prog, res_arrays)
-
-
-class _Layout:
-    """Which state a traced step uses and rewrites, and the program over just those.
-
-    ``closed`` is the step traced over ALL state: inputs (state, keys, batch), outputs (state,
-    keys, extra, results). Holder ``i`` (a state tensor or a device key) is
-        donated    when the step reads and rewrites it (its old buffer can be reused),
-        read       when it only reads it (not donated: the Tensor keeps its array),
-        write-only when it rewrites it without reading (an output only),
-    and is left out of the program when the step does neither. Every input and output costs
-    a few microseconds per call, which shows on small models, and donating a buffer the step
-    does not rewrite would free an array the Tensor still holds."""
-
-    def __init__(self, closed, rewritten: List[bool], n_state: int, n_devices: int,
-                 n_extra: int, n_births: int = 0):
-        jaxpr = closed.jaxpr
-        n_holders = n_state + n_devices
-        outvars = jaxpr.outvars
-        kept_out = [i for i in range(n_holders) if rewritten[i]]
-        kept_out += range(n_holders, len(outvars) - n_births)  # births: never outputs
-        used = {v for eqn in jaxpr.eqns for v in eqn.invars if isinstance(v, jex_core.Var)}
-        used.update(outvars[i] for i in kept_out if isinstance(outvars[i], jex_core.Var))
-        is_used = [v in used for v in jaxpr.invars[:n_holders]]
-        self.donated = [i for i in range(n_holders) if rewritten[i] and is_used[i]]
-        self.read = [i for i in range(n_holders) if is_used[i] and not rewritten[i]]
-        self.written = [i for i in range(n_holders) if rewritten[i]]
-        self._closed = closed
-        self._n_state = n_state
-        self._n_holders = n_holders
-        self._kept_out = kept_out
-        # output slices: new state values, new keys, extra outputs, results
-        self._n_state_out = sum(i < n_state for i in self.written)
-        self._n_written = len(self.written)
-        self._n_extra = n_extra
-
-    def pick(self, indices: List[int], state: List[Tensor], devices: List[device_mod.Device]
-             ) -> Tuple[List[Tensor], List[device_mod.Device]]:
-        """The state tensors and the devices (whose keys) that ``indices`` name."""
-        return ([state[i] for i in indices if i < self._n_state],
-                [devices[i - self._n_state] for i in indices if i >= self._n_state])
-
-    def program(self, donated: list, read: list, batch: list):
-        flat: list = [None] * self._n_holders  # unused inputs: never read by the jaxpr
-        for i, a in zip(self.donated, donated):
-            flat[i] = a
-        for i, a in zip(self.read, read):
-            flat[i] = a
-        outs = jex_core.jaxpr_as_fun(self._closed)(*flat, *batch)
-        outs = [outs[i] for i in self._kept_out]
-        n_s, n_w, n_e = self._n_state_out, self._n_written, self._n_written + self._n_extra
-        return outs[:n_s], outs[n_s:n_w], outs[n_w:n_e], outs[n_e:]
-
-
-def _birth_values(closed, recorder: _Recorder, alive: List[Tensor]) -> Optional[list]:
-    """Concrete birth values of the new Tensors a trace kept (the last outputs of ``closed``),
-    or None when the trace's program alone computes this call exactly: a kept new Tensor is a
-    parameter (built inside the step from the device's key), was first WRITTEN after its birth
-    (its birth value is not what the step used), or was born from the step's inputs."""
-    for t in alive:
-        if t.stores_grad or recorder.first_access.get(id(t), "read") != "read":
-            return None
-    jaxpr = closed.jaxpr
-    outvars = jaxpr.outvars[len(jaxpr.outvars) - len(alive):]
-    producer = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
-    env = dict(zip(jaxpr.constvars, closed.consts))
-    inputs = set(jaxpr.invars)
-
-    def value(v):
-        if isinstance(v, jex_core.Literal):
-            return v.val
-        if v in env:
-            return env[v]
-        if v in inputs:
-            raise _BornFromInputs
-        eqn = producer[v]
-        operands = [value(x) for x in eqn.invars]
-        if eqn.primitive.name == "broadcast_in_dim" and np.ndim(operands[0]) == 0:
-            # the usual birth (zeros, ones, a fill): built on the host, no kernel compiled
-            outs = [np.full(eqn.params["shape"], operands[0], v.aval.dtype)]
-        else:
-            outs = eqn.primitive.bind(*operands, **eqn.primitive.get_bind_params(eqn.params))
-            outs = outs if eqn.primitive.multiple_results else [outs]
-        env.update(zip(eqn.outvars, outs))
-        return env[v]
-
-    try:
-        values = [value(v) for v in outvars]
-    except _BornFromInputs:
-        return None
-    return [t.device.put(np.asarray(b) if isinstance(b, np.ndarray) else b)
-            for t, b in zip(alive, values)]
-
-
-class _BornFromInputs(Exception):
-    """A new Tensor's birth value depends on the step's inputs (see _birth_values)."""
 
 
 def _restore(state: List[Tensor], arrays: list, devices: List[device_mod.Device],

@@ -171,6 +171,16 @@ class Model(Layer, metaclass=ModelMeta):
         self.graph_mode = bool(mode)
         self.sequential = bool(sequential)
 
+    def export_step(self, platforms: Sequence[str] = ("cuda", "tpu"), training: bool = True
+                    ) -> jax.export.Exported:
+        """The graph-mode program of this model's last compiled training step
+        (``training=False``: evaluation forward) lowered for ``platforms`` with
+        :func:`jax.export.export`; the platforms need not be present, so a CPU machine can check
+        that the step lowers for GPU and TPU. The model must have run that call once in graph
+        mode (see docs/model.md); a DistOpt step is not supported."""
+        return self._graph_runner.export("train_one_batch" if training else "forward",
+                                         platforms)
+
     def __get_name__(self) -> str:
         return type(self).__name__
 
