@@ -8,13 +8,21 @@ folder; a cache folder already chosen for JAX (``JAX_COMPILATION_CACHE_DIR``) is
 the folder singa_jax chooses, every program is cached, however quickly it compiled (JAX's
 default keeps only those that took 1 s; ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` still
 rules when set). Only JAX's configuration is touched: no backend is started at import.
+
+Importing singa_jax also registers an exit hook that waits for work still computing on any
+started backend before JAX shuts down (see ``singa_jax._shutdown``): a run that ends while its
+last step computes would otherwise sometimes die with SIGSEGV at exit.
 """
 import os as _os
 import typing as _typing
 
 import jax as _jax
 
+from . import _shutdown
 from .host_memory import switched_off as _switched_off
+
+# after ``import jax``, which registers JAX's own exit hooks: atexit runs this one before them
+_shutdown.install()
 
 COMPILATION_CACHE_ENV = "SINGA_JAX_COMPILATION_CACHE"
 

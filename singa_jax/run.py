@@ -2,24 +2,28 @@
 
 For the run, an import hook makes ``import singa``, ``from singa import tensor, ...``,
 ``singa.singa_wrap`` and ``from singa import singa_wrap as singa`` resolve to singa_jax's
-modules; nothing is installed under the name ``singa``. The script runs as ``__main__`` with
-``sys.argv = [script, *args]`` and its directory first on ``sys.path``, as ``python script.py``
-would run it. SINGA's ``device.create_cuda_gpu*()`` calls fall back to the default device with a
-warning (the runner sets ``SINGA_JAX_CUDA_FALLBACK=1``, which singa_jax.device reads).
+modules; nothing is installed under the name ``singa``. The script runs as ``python script.py``
+would run it: in a fresh ``__main__`` module with ``__file__`` its absolute path, ``sys.argv =
+[script, *args]``, its (real) folder in place of the working folder at ``sys.path[0]``, and the
+same exit status (``sys.exit(n)``, 1 after an uncaught exception, whose traceback shows the
+script's frames only, death by SIGINT after an uncaught KeyboardInterrupt). SINGA's
+``device.create_cuda_gpu*()`` calls fall back to the default device with a warning (the runner
+sets ``SINGA_JAX_CUDA_FALLBACK=1``, which singa_jax.device reads).
 
 In a notebook, ``singa_jax.install_as_singa()`` installs the same hook.
 """
 from __future__ import annotations
 
+import builtins
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import io
 import os
-import runpy
 import sys
-from types import ModuleType
-from typing import List, Optional, Sequence
+from types import CodeType, ModuleType, TracebackType
+from typing import Callable, List, Optional, Sequence, Type
 
 __all__ = ["install_as_singa", "uninstall_singa_alias", "main", "CUDA_FALLBACK_ENV"]
 
@@ -95,8 +99,69 @@ def uninstall_singa_alias() -> None:
 USAGE = "usage: python -m singa_jax.run script.py [args ...]"
 
 
+class _ScriptTraceback:
+    """``sys.excepthook`` for the run: reports an uncaught exception from the script's first
+    frame on, as ``python script.py`` does, without the runner's frames above it."""
+
+    def __init__(self, hook: Callable[..., None]):
+        self.hook = hook
+        self.code: Optional[CodeType] = None  # the script's; None until it compiled
+
+    def __call__(self, kind: Type[BaseException], value: BaseException,
+                 tb: Optional[TracebackType]) -> None:
+        if self.code is None:  # the script did not compile: Python prints no frames for that
+            tb = None
+        else:
+            frame = tb
+            while frame is not None and frame.tb_frame.f_code is not self.code:
+                frame = frame.tb_next
+            tb = tb if frame is None else frame  # raised in the runner itself: keep it all
+        if isinstance(value, BaseException):  # the default hook prints value.__traceback__
+            value = value.with_traceback(tb)
+        self.hook(kind, value, tb)
+
+
+def _run_script(script: str, args: Sequence[str], path0_is_cwd: bool = False) -> None:
+    """Run the file ``script`` as ``python script args...`` would, in this process.
+
+    ``path0_is_cwd``: ``sys.path[0]`` is the working folder that ``python -m`` put there, which
+    ``python script.py`` would not have: the script's folder replaces it instead of going before
+    it. Uncaught exceptions propagate (``SystemExit`` and ``KeyboardInterrupt`` included), so
+    the interpreter ends the process with the status it gives ``python script.py``.
+    """
+    # python gives __main__ the script path joined to the working folder, not normalised,
+    # and resolves symbolic links only for sys.path[0]; a SINGA example reaching a sibling
+    # folder with os.path.dirname(__file__) + '/..' needs the former to be absolute
+    path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
+    hook = _ScriptTraceback(sys.excepthook)
+    sys.excepthook = hook
+    with io.open_code(path) as f:
+        source = f.read()
+    # dont_inherit: this module's ``from __future__`` imports must not reach the script
+    hook.code = compile(source, path, "exec", dont_inherit=True)
+    sys.argv = [script, *args]
+    if not sys.flags.safe_path:  # python -P adds no folder of the script
+        folder = os.path.dirname(os.path.realpath(path))
+        if path0_is_cwd and sys.path:
+            sys.path[0] = folder
+        else:
+            sys.path.insert(0, folder)
+    main_module = ModuleType("__main__")
+    main_module.__dict__.update(
+        __file__=path, __cached__=None, __package__=None, __spec__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+        __builtins__=builtins)
+    # kept after the script returns, as under python: atexit handlers, threads and pickling
+    # by reference still find the script's module as __main__
+    sys.modules["__main__"] = main_module
+    exec(hook.code, main_module.__dict__)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Run ``argv[0]`` (a SINGA script) as ``__main__`` with ``argv[1:]`` as its arguments."""
+    # started as ``python -m singa_jax.run``: this module is __main__ and -m put the working
+    # folder first on sys.path (unless -P)
+    from_command_line = argv is None and __name__ == "__main__"
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE + "\n\n" + (__doc__ or "").strip())
@@ -106,9 +171,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(f"singa_jax.run: no such script: {script}\n{USAGE}", file=sys.stderr)
         raise SystemExit(2)
     install_as_singa(cuda_fallback=True)
-    sys.argv = [script] + argv[1:]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    runpy.run_path(script, run_name="__main__")
+    _run_script(script, argv[1:], path0_is_cwd=from_command_line)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """``python -m singa_jax.run``: SINGA-style scripts written here run unmodified, with ``singa``
 resolving to singa_jax for that run only; ``install_as_singa()`` does the same in-process."""
+import json
 import os
 import subprocess
 import sys
@@ -104,6 +105,83 @@ def test_runner_reports_missing_modules_and_script_errors(tmp_path):
     assert usage.returncode == 2 and "usage: python -m singa_jax.run" in usage.stdout
     missing = _run([str(tmp_path / "nope.py")], cwd=str(tmp_path))
     assert missing.returncode == 2 and "no such script" in missing.stderr
+
+
+PROBE = r'''
+import json
+import os
+import sys
+
+# SINGA 5.1's examples/onnx/training/train.py reaches its sibling folder this way; with a
+# relative __file__ ('train.py' run from its own folder) dirname is '' and the path is '/..'
+sys.path.append(os.path.dirname(__file__) + '/..')
+import utils  # noqa: E402
+
+main = sys.modules["__main__"]
+print(json.dumps({
+    "file": __file__, "argv": sys.argv, "path": sys.path, "name": __name__,
+    "main_file": main.__file__, "main_is_this_module": main.__dict__ is globals(),
+    "spec": repr(__spec__), "package": __package__, "cached": __cached__,
+    "loader": type(__loader__).__name__, "builtins": repr(__builtins__),
+    "utils": utils.WHERE, "cwd": os.getcwd(),
+}))
+'''
+
+
+def _python(args, cwd):
+    """``python args...`` with the environment the runner gets in _run."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("where", ["own folder", "elsewhere"])
+def test_runner_gives_the_script_what_python_gives(tmp_path, where):
+    """``__file__`` (absolute), ``sys.argv``, the whole ``sys.path`` (the script's folder where
+    ``-m`` put the working folder), ``__main__``: the same as ``python script.py``, so
+    ``os.path.dirname(__file__) + '/..'`` finds the sibling folder from any working folder."""
+    (tmp_path / "onnx" / "training").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "onnx" / "utils.py").write_text("WHERE = __file__\n")
+    (tmp_path / "onnx" / "training" / "train.py").write_text(PROBE)
+    if where == "own folder":
+        cwd, script = tmp_path / "onnx" / "training", "train.py"
+    else:
+        cwd, script = tmp_path / "elsewhere", os.path.join("..", "onnx", "training", "train.py")
+    args = [script, "--epochs", "2", "a b"]
+    direct, ran = _python(args, str(cwd)), _run(args, str(cwd))
+    assert direct.returncode == 0, direct.stderr
+    assert ran.returncode == 0, ran.stderr
+    expected, got = json.loads(direct.stdout), json.loads(ran.stdout)
+    assert os.path.isabs(got["file"]) and got["argv"] == args
+    assert got == expected
+
+
+EXITS = {
+    "normal end": "print('done')",
+    "sys.exit(3)": "import sys\nsys.exit(3)",
+    "sys.exit(msg)": "import sys\nsys.exit('stopped: no data')",
+    "sys.exit(None)": "raise SystemExit",
+    "exception": "def step():\n    raise ValueError('loss is nan')\n\n\nstep()",
+    "chained exception": ("try:\n    {}['lr']\nexcept KeyError as e:\n"
+                          "    raise RuntimeError('no lr') from e"),
+    "KeyboardInterrupt": "def loop():\n    raise KeyboardInterrupt\n\n\nloop()",
+    "syntax error": "def (\n",
+}
+
+
+@pytest.mark.parametrize("case", list(EXITS))
+def test_runner_exits_as_python_does(tmp_path, case):
+    """The exit status and what is printed: ``sys.exit(n)``, ``sys.exit(msg)`` (1, msg on
+    stderr), an uncaught exception (1; its traceback shows the script's frames only), an
+    uncaught KeyboardInterrupt (the process dies by SIGINT, as python's does), a syntax error."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "script.py").write_text(EXITS[case] + "\n")
+    args = [os.path.join("sub", "script.py")]
+    direct, ran = _python(args, str(tmp_path)), _run(args, str(tmp_path))
+    assert (ran.returncode, ran.stdout, ran.stderr) == \
+        (direct.returncode, direct.stdout, direct.stderr)
 
 
 def test_install_as_singa_in_process(monkeypatch):

@@ -19,6 +19,7 @@ with the graph. PyTorch-style entry points (``Tensor.backward``, ``autograd.grad
 """
 from __future__ import annotations
 
+import numbers
 import operator
 import threading
 from collections import Counter
@@ -137,7 +138,8 @@ class Operator(Node):
         if self.takes_arrays:
             dxs = self.backward(*dys)
             return tuple(dxs) if isinstance(dxs, (tuple, list)) else (dxs,)
-        dxs = self.backward(*(None if d is None else CTensor.from_array(d) for d in dys))
+        dxs = self.backward(*(d if d is None or isinstance(d, float) else CTensor.from_array(d)
+                              for d in dys))
         if not isinstance(dxs, (tuple, list)):
             dxs = (dxs,)
         return tuple(None if d is None else _gradient_array(self, d) for d in dxs)
@@ -215,6 +217,18 @@ def fill_like(value, shape: Tuple[int, ...], dtype) -> jax.Array:
     return jnp.broadcast_to(jnp.asarray(value, dtype), shape)
 
 
+def given_root_dy(dy: Any) -> Optional[float]:
+    """What SINGA's ``backward(y, dy)`` hands the loss's creator when that is a user's operator,
+    if it is a Python float: 1.0 for ``dy=None``, ``float(dy)`` for a number. None: a CTensor
+    of the root gradient (SINGA passes ``dy.data`` for a Tensor). Users' operators are written
+    against this (``def backward(self, dy=1.0): ... dx *= dy``, SINGA's msmlp ``SumError``)."""
+    if dy is None:
+        return 1.0
+    if isinstance(dy, numbers.Real) and not isinstance(dy, bool):  # NumPy's scalars included
+        return float(dy)
+    return None
+
+
 def root_grad(y: Tensor, dy: Any) -> jax.Array:
     """The gradient fed into ``y.creator``: ``dy`` (default 1.0) broadcast to y's shape."""
     if isinstance(dy, Tensor):
@@ -255,13 +269,15 @@ def _walks_into(creator: Node) -> bool:
 
 
 def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool = True,
-                  wanted: Optional[Dict[Tuple[Node, int], Tensor]] = None
-                  ) -> Iterator[Tuple[Tensor, jax.Array, str]]:
+                  wanted: Optional[Dict[Tuple[Node, int], Tensor]] = None,
+                  root_dy: Optional[float] = None) -> Iterator[Tuple[Tensor, jax.Array, str]]:
     """The engine's walk from one or more ``(tensor, gradient array)`` roots; yields
     ``(tensor, gradient array, gradient name)`` for every tensor with ``stores_grad=True`` and
     every tensor of ``wanted`` (``{(tensor.creator, id(tensor)): tensor}``) as soon as its
     gradient is complete. Without ``retain_graph`` every operator passed is freed (released
-    and marked, so that a later walk through it raises).
+    and marked, so that a later walk through it raises). ``root_dy`` (one root only; see
+    :func:`given_root_dy`): what the root's creator gets, in place of the root gradient, when it
+    is a user's operator; built-in operators and every later operator get arrays as always.
 
     A walk that recurs (the same operators, shapes and uses as an earlier one; see
     :func:`fused_backward`) runs as one kernel: every pullback and every sum of the walk, then
@@ -277,7 +293,14 @@ def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool 
         yield from yields
         return
 
+    given = None
+    if root_dy is not None and len(roots) == 1 and \
+            not getattr(roots[0][0].creator, "takes_arrays", True):
+        given = roots[0]  # (root tensor, its gradient array): the creator runs first, once
+
     def run(op: Operator, dys: list) -> Tuple[Any, ...]:
+        if given is not None and op is given[0].creator:
+            dys = [root_dy if d is given[1] else d for d in dys]
         dxs = op._do_backward(*dys)
         if not retain_graph:
             op.release()
@@ -464,11 +487,13 @@ def backward(y: Tensor, dy: Any = None) -> Iterator[Tuple[Tensor, Tensor]]:
 
     ``dy`` (a number or Tensor; default 1.0) is the gradient of the objective w.r.t. ``y``. Unlike
     SINGA's, ``y`` may have any size and be produced by any op. The graph is kept (as SINGA's
-    is), so it can be back-propagated again.
+    is), so it can be back-propagated again. As in SINGA, when ``y``'s creator is a user's
+    operator its ``backward`` gets the Python float 1.0 (``dy=None``) or ``float(dy)`` (a number),
+    and a CTensor for a Tensor ``dy``.
     """
     if not isinstance(y, Tensor):
         raise TypeError(f"backward: y must be a Tensor, got {type(y).__name__}")
-    for x, g, name in backpropagate([(y, root_grad(y, dy))]):
+    for x, g, name in backpropagate([(y, root_grad(y, dy))], root_dy=given_root_dy(dy)):
         yield x, result_tensor(g, x.device, name=name)
 
 
