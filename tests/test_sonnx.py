@@ -16,6 +16,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
 
 from singa_jax import autograd, layer, model, opt, tensor  # noqa: E402
+from onnx_classifier import Classifier  # noqa: E402
 from singa_jax import sonnx  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -493,16 +494,6 @@ def test_sonnx_model_fine_tunes_in_eager_and_graph_mode(rng, tmp_path):
     net.eval()
     other.eval()
     np.testing.assert_allclose(tensor.to_numpy(other(x)), tensor.to_numpy(net(x)), rtol=1e-5)
-
-
-class Classifier(sonnx.SONNXModel):
-    def forward(self, x):
-        return super().forward(x)[0]
-
-    def train_one_batch(self, x, y):
-        loss = autograd.softmax_cross_entropy(self.forward(x), y)
-        self.optimizer(loss)
-        return loss
 
 
 @pytest.mark.parametrize("use_graph", [False, True])

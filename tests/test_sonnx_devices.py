@@ -15,6 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from singa_jax import autograd, device, opt, tensor  # noqa: E402
+from onnx_classifier import Classifier  # noqa: E402
 from singa_jax import sonnx  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("eval_mode")  # conftest: autograd.training = False
@@ -89,18 +90,8 @@ def test_rep_device_errors_name_the_devices(rng):
     assert rep.dev is d1 and all(on(p, d1) for p in rep.get_states().values())
 
 
-class Net(sonnx.SONNXModel):
-    def forward(self, x):
-        return super().forward(x)[0]
-
-    def train_one_batch(self, x, y):
-        loss = autograd.softmax_cross_entropy(self.forward(x), y)
-        self.optimizer(loss)
-        return loss
-
-
 def _fine_tune(m, x, y, dev, use_graph):
-    net = Net(m)
+    net = Classifier(m)
     net.set_optimizer(opt.SGD(lr=0.1, momentum=0.9))
     tx, ty = tensor.Tensor(data=x, device=dev), tensor.Tensor(data=y, device=dev)
     net.compile([tx], is_train=True, use_graph=use_graph)

@@ -12,6 +12,7 @@ ort = pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
 from singa_jax import autograd, device, opt, tensor  # noqa: E402
+from onnx_classifier import Classifier  # noqa: E402
 from singa_jax import sonnx  # noqa: E402
 
 nn = torch.nn
@@ -124,16 +125,7 @@ def test_torch_cnn_fine_tunes(where, rng):
     x = rng.standard_normal((6, 3, 16, 16)).astype(np.float32)
     labels = np.eye(4, dtype=np.float32)[[0, 1, 2, 3, 0, 1]]
 
-    class Net(sonnx.SONNXModel):
-        def forward(self, x):
-            return super().forward(x)[0]
-
-        def train_one_batch(self, x, y):
-            loss = autograd.softmax_cross_entropy(self.forward(x), y)
-            self.optimizer(loss)
-            return loss
-
-    net = Net(m)
+    net = Classifier(m)
     net.set_optimizer(opt.SGD(lr=0.05, momentum=0.9))
     tx, ty = tensor.Tensor(data=x, device=dev), tensor.Tensor(data=labels, device=dev)
     net.compile([tx], is_train=True, use_graph=True)
