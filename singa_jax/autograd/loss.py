@@ -12,6 +12,7 @@ from typing import Any, Callable, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..checks import check_indices
@@ -73,7 +74,8 @@ def _binary_cross_entropy_kernel(x, t):
 
 
 def _mse_kernel(x, t):
-    """loss = sum (x - t)^2 / x.size (SINGA averages over every element)."""
+    """loss = sum (x - t)^2 / x.size, x - t broadcast as NumPy does (SINGA subtracts with its
+    broadcasting ``__sub__`` and divides by the number of elements of x)."""
     err = x - lax.stop_gradient(t).astype(x.dtype)
     return _as_loss(jnp.sum(jnp.square(err)), x.size)
 
@@ -106,6 +108,21 @@ def _check_same_shape(x, t):
         return "input must have a batch axis, got a 0-d array"
     if x.shape[0] == 0:
         return f"input of shape {tuple(x.shape)} is an empty batch"
+    return None
+
+
+def _check_broadcast(x, t):
+    """MeanSquareError(t)(x): t must broadcast against x (SINGA's fine-tuning test feeds a
+    (2, 1) target to a (2, 4) output)."""
+    try:
+        np.broadcast_shapes(tuple(x.shape), tuple(t.shape))
+    except ValueError:
+        return (f"input of shape {tuple(x.shape)} and target of shape {tuple(t.shape)} do not "
+                f"broadcast")
+    if x.ndim == 0:
+        return "input must have a batch axis, got a 0-d array"
+    if x.size == 0:
+        return f"input of shape {tuple(x.shape)} is empty"
     return None
 
 
@@ -147,6 +164,8 @@ class _TargetLoss(Function):
     def reads(self) -> Tuple[Tensor, ...]:
         return (self.t,)
 
+    replayable = True  # forward checks x's shape only: eager replay may record it
+
     def forward(self, x):
         t = self.t.array
         msg = type(self).check(x, t)
@@ -171,7 +190,7 @@ _LOSSES = {
                             _softmax_cross_entropy_labels),
     "CrossEntropy": (_cross_entropy_kernel, _check_class_scores, _cross_entropy_labels),
     "BinaryCrossEntropy": (_binary_cross_entropy_kernel, _check_same_shape),
-    "MeanSquareError": (_mse_kernel, _check_same_shape),
+    "MeanSquareError": (_mse_kernel, _check_broadcast),
 }
 SoftMaxCrossEntropy, CrossEntropy, BinaryCrossEntropy, MeanSquareError = (
     _make_loss(name, *entry) for name, entry in _LOSSES.items())
@@ -194,7 +213,13 @@ def binary_cross_entropy(x: Tensor, t: Tensor) -> Tensor:
 
 
 def mse_loss(x: Tensor, t: Tensor) -> Tensor:
-    """sum (x - t)^2 divided by the number of elements. Returns (1,)."""
+    """sum (x - t)^2 divided by the number of elements. Returns (1,). x and t must have the
+    same shape (SINGA's ``mse_loss`` asserts it; the operator ``MeanSquareError(t)(x)``
+    broadcasts)."""
+    t = as_tensor(t, None)
+    msg = _check_same_shape(x, t)
+    if msg is not None:
+        raise InvalidInput(f"MeanSquareError (mse_loss): {msg}")
     return MeanSquareError(t)(x)[0]
 
 
@@ -206,6 +231,8 @@ class RankingLoss(Function):
     def __init__(self, M: float = 0.2):
         super().__init__(M=float(M))
         self.M = float(M)
+
+    replayable = True  # forward checks x's shape only: eager replay may record it
 
     def forward(self, pos, neg):
         msg = _check_same_shape(pos, neg)

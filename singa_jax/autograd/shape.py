@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..tensor import Tensor
 from .engine import Operator
@@ -108,11 +109,39 @@ def transpose(x: Tensor, shape: Optional[Sequence[int]]) -> Tensor:
     return Transpose(shape)(x)[0]
 
 
-class Unsqueeze(Function):
-    """y = x with size-1 dimensions inserted at ``axis`` (an int or a list; negative axes count
-    from the end of the OUTPUT, as ``np.expand_dims``)."""
+def unsqueeze_positions(ndim: int, axis: Sequence[int]) -> Tuple[int, ...]:
+    """Where the size-1 dimensions that ``Unsqueeze(axis)`` inserts into a rank-``ndim`` input
+    end up in the output (sorted): the axes as ONNX's / ``np.expand_dims`` take them.
 
-    fn = staticmethod(lambda x, *, axis: jnp.expand_dims(x, axis))
+    SINGA inserts the axes one after another, in the given order, with ``list.insert``: an axis
+    past the current end appends (SINGA's test unsqueezes a (3, 2) input at [2, 4, 5] to
+    (3, 2, 1, 1, 1)), and a later insert shifts the earlier ones. A negative axis counts from
+    the end of the output, as in ONNX (SINGA's ``list.insert(-1, 1)`` would put it before the
+    last dimension, which its ONNX import, passing ONNX's axes through, does not mean).
+    """
+    out_rank = ndim + len(axis)
+    cur = [False] * ndim  # True marks an inserted dimension
+    for a in axis:
+        a = int(a)
+        if a < 0:
+            a += out_rank
+            if a < 0:
+                raise ValueError(f"axis {a - out_rank} is out of range for an output of rank "
+                                 f"{out_rank}")
+        cur.insert(a, True)
+    return tuple(i for i, inserted in enumerate(cur) if inserted)
+
+
+def _unsqueeze(x, *, axis):
+    return jnp.expand_dims(x, unsqueeze_positions(x.ndim, axis))
+
+
+class Unsqueeze(Function):
+    """y = x with size-1 dimensions inserted at ``axis`` (an int or a list), one after another
+    in the given order as SINGA does (an axis past the end appends); negative axes count from
+    the end of the OUTPUT, as ``np.expand_dims``. See :func:`unsqueeze_positions`."""
+
+    fn = staticmethod(_unsqueeze)
 
     def __init__(self, axis: Ints):
         super().__init__(axis=_ints(axis))
@@ -298,9 +327,20 @@ class OneHot(NonDifferentiable, Function):
 
     fn = staticmethod(_onehot)
 
-    def __init__(self, axis: int, depth: int, values: Sequence[float]):
-        off, on = (float(v) for v in values)
-        super().__init__(axis=int(axis), depth=int(depth), values=(off, on))
+    def __init__(self, axis: int, depth: Any, values: Sequence[float]):
+        # SINGA's tests pass depth as a one-element array (np.array([10])), as ONNX's OneHot
+        # input is; NumPy 2 no longer converts such an array with int()
+        d = np.asarray(depth)
+        if d.size != 1 or d.dtype.kind not in "iuf" or not float(d.reshape(-1)[0]).is_integer():
+            raise ValueError(f"OneHot: depth must be one integer (or a one-element array of "
+                             f"one), got {depth!r}")
+        v = np.asarray(values, dtype=np.float64).reshape(-1)
+        if v.size != 2:
+            raise ValueError(f"OneHot: values must be [off_value, on_value], got {values!r}")
+        depth = int(d.reshape(-1)[0])
+        if depth < 1:
+            raise ValueError(f"OneHot: depth must be positive, got {depth}")
+        super().__init__(axis=int(axis), depth=depth, values=(float(v[0]), float(v[1])))
 
 
 def onehot(axis: int, indices: Tensor, depth: int, values: Sequence[float]) -> Tensor:

@@ -34,6 +34,7 @@ from ..xla_options import kernel
 from . import nn_ops  # noqa: F401 (registers the nn family in OPS)
 from .frontend import make_model_at_opset
 from .ops import OPS, NodeCall, OpSpec, UnsupportedOnnx, jax_dtype
+from .singa_names import RENAME_OPERATORS
 
 __all__ = ["OnnxNode", "OnnxAttributes", "GraphProgram", "GraphOp", "GraphWeights", "SingaBackend", "SingaRep",
            "onnx_type_to_singa_type", "NP_TYPE_TO_SINGA_SUPPORT_TYPE"]
@@ -524,9 +525,10 @@ class SingaRep(BackendRep):
         """Run the model on ``x`` (a list of arrays or Tensors, in the graph's input order).
 
         Returns the graph outputs as NumPy arrays (when ``x`` holds arrays) or Tensors (when it
-        holds Tensors; differentiable, for training). ``last_layers=k`` stops after the k-th
-        node (negative counts from the end) and returns its outputs; ``aux_output`` adds the
-        values of other names."""
+        holds Tensors; differentiable, for training). ``last_layers=k`` stops after node k and
+        returns its outputs; a negative k is node (k + 1) mod n, SINGA's rule: -1 is the first
+        node (SINGA's test_inference expects the first conv's output), -2 the whole graph, -3
+        all but the last node. ``aux_output`` adds the values of other names."""
         as_numpy = not any(isinstance(v, tensor.Tensor) for v in x)
         if as_numpy:  # arrays in: inference (the ONNX backend API), whatever autograd.training
             with modes.training_mode(False):
@@ -600,10 +602,15 @@ class SingaRep(BackendRep):
 
     def _wanted(self, last_layers: Optional[int], aux_output: Sequence[str]) -> Tuple[str, ...]:
         nodes = self.program.nodes
-        if last_layers is None or last_layers in (-1, len(nodes) - 1):
+        k = len(nodes) - 1 if last_layers is None else int(last_layers)
+        if not -len(nodes) <= k < len(nodes):
+            raise ValueError(f"{self._what()}: last_layers={last_layers} is out of range for a "
+                             f"graph of {len(nodes)} nodes")
+        if k < 0:  # SINGA's rule, kept as it is: -1 is node 0, -2 the last node, -3 the one before
+            k = (k + 1) % len(nodes)
+        if k == len(nodes) - 1:
             names = [o.name for o in self.outputs]
         else:
-            k = last_layers if last_layers >= 0 else (last_layers + 1) % len(nodes)
             names = [n for n in nodes[k][0].outputs if n]
         names += [a for a in aux_output if a not in names]
         known = set(self.program.producer) | {v.name for v in self.inputs} | \
@@ -694,6 +701,9 @@ class SingaBackend(Backend):
     """ONNX's backend interface for singa_jax: ``prepare`` a model, ``run_node`` one node."""
 
     _opset_version = 11  # SINGA's; any opset from 7 to the newest onnx defines is accepted
+    #: SINGA's table: ONNX op type -> the SINGA operator / layer that runs it (every key is in
+    #: the op table; SINGA's test_onnx_backend.py selects onnx's node tests by its keys)
+    _rename_operators = RENAME_OPERATORS
 
     @classmethod
     def supports_device(cls, device: str) -> bool:

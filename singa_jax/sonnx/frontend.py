@@ -21,6 +21,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from .. import autograd, tensor
+from ..autograd.shape import unsqueeze_positions
 
 __all__ = ["SingaFrontend", "EXPORTERS", "DEFAULT_OPSET", "MIN_OPSET", "RUNTIME_MAX_OPSET",
            "ir_version_for", "make_model_at_opset"]
@@ -278,7 +279,10 @@ def _transpose(ctx, op, ins, outs):
 
 
 def _unsqueeze(ctx, op, ins, outs):
-    _axes_op("Unsqueeze", 13)(ctx, op, ins, outs, list(op.axis))
+    # SINGA's axes are inserted one by one (one past the end appends): ONNX wants the final
+    # positions of the new dimensions
+    axes = unsqueeze_positions(ctx.rank(ins[0], op), op.axis)
+    _axes_op("Unsqueeze", 13)(ctx, op, ins, outs, list(axes))
 
 
 def _squeeze(ctx, op, ins, outs):
@@ -326,9 +330,11 @@ def _scatter_elements(ctx, op, ins, outs):
 def _tile(ctx, op, ins, outs):
     rank = ctx.rank(ins[0], op)
     reps = list(op.repeats) + [1] * (rank - len(op.repeats))
-    if len(reps) > rank:
-        raise ValueError(f"export of {op.name}: Tile with more repeats than input axes")
-    ctx.node("Tile", [ins[0], ctx.ints("repeats", reps)], outs, name=op.name)
+    x = ins[0]
+    if len(reps) > rank:  # as np.tile (and SINGA): new leading axes of length 1 first
+        x = ctx.fresh("tile_in")
+        _axes_op("Unsqueeze", 13)(ctx, op, ins[:1], [x], list(range(len(reps) - rank)))
+    ctx.node("Tile", [x, ctx.ints("repeats", reps)], outs, name=op.name)
 
 
 def _expand(ctx, op, ins, outs):
@@ -526,6 +532,10 @@ def _ops_post_order(ys: Sequence[tensor.Tensor]) -> List[Any]:
     return order
 
 
+#: the non-Tensor entries ``to_onnx``'s inputs may hold (operators' constant arguments)
+_CONSTANT_ARGS = (int, float, bool, np.number, np.bool_, np.ndarray, list, tuple)
+
+
 def _value_info(name: str, dtype: Any, shape: Sequence[Any]) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
                                          list(shape))
@@ -576,12 +586,26 @@ class SingaFrontend:
     def singa_to_onnx_graph(cls, inputs: Sequence[tensor.Tensor], y: Any,
                             model_name: str = "sonnx", opset_version: Optional[int] = None
                             ) -> onnx.GraphProto:
-        """The ONNX graph computing ``y`` (a Tensor or list of Tensors) from ``inputs``."""
+        """The ONNX graph computing ``y`` (a Tensor or list of Tensors) from ``inputs``.
+
+        As in SINGA, ``inputs`` may also hold the Python numbers, tuples and arrays an
+        operator was given (``to_onnx([x, min, max], [clip(x, min, max)])``): the operator
+        holds their values, which the export writes as constants, so they are skipped. A
+        Tensor input that the graph holds as an initializer and does not read as a value (a
+        batch-norm's running statistics: its operator holds them as state) is not a graph
+        input either (``to_onnx([x, s, b, mean, var], [y])`` runs as ``run([x, s, b])``).
+        """
         ctx = _Export(opset_version or cls._target_opset_version)
         ys = list(y) if isinstance(y, (list, tuple)) else [y]
         for i, t in enumerate(inputs):
             if not isinstance(t, tensor.Tensor):
-                raise TypeError(f"export: input {i} must be a Tensor, got {type(t).__name__}")
+                if isinstance(t, _CONSTANT_ARGS):
+                    continue
+                raise TypeError(f"export: input {i} must be a Tensor (or a number, tuple, "
+                                f"list or array an operator took as a constant), got "
+                                f"{type(t).__name__}")
+            if ("in", id(t)) in ctx.value_of:
+                continue  # the same Tensor twice: one graph input
             name = ctx.unique(t.name if t.name and not t.name.startswith("Dummy#")
                               else f"input_{i}")
             ctx.value_of[("in", id(t))] = name
@@ -598,8 +622,15 @@ class SingaFrontend:
             else:
                 name = t.creator.output_name(t.creator.y_id2idx[id(t)])
             outputs.append(_value_info(name, t.dtype, t.shape))
+        # an input the graph holds as an initializer (an operator's state: batch-norm
+        # statistics) and never reads as a graph value is not a graph input
+        read = {n for node in ctx.nodes for n in node.input} | {o.name for o in outputs}
+        held = {ctx.value_of[("in", id(t))] for t in ctx.keep
+                if ("in", id(t)) in ctx.value_of}
+        graph_inputs = [vi for vi in ctx.inputs if vi.name in read or vi.name not in held]
         inits = [numpy_helper.from_array(a, n) for n, a in ctx.inits.items()]
-        return helper.make_graph(ctx.nodes, model_name, ctx.inputs, outputs, initializer=inits)
+        return helper.make_graph(ctx.nodes, model_name, graph_inputs, outputs,
+                                 initializer=inits)
 
     @classmethod
     def singa_to_onnx_model(cls, inputs: Sequence[tensor.Tensor], y: Any,
