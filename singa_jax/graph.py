@@ -556,7 +556,7 @@ class GraphRunner:
                 compiled = lowered.compile(options_for(lowered))
             else:
                 compiled = spmd.compile(layout.program, donated_arrays, read_arrays,
-                                        batch_arrays, options_for)
+                                        batch_arrays, options_for, layout.donated, layout.read)
         self._lowerings[where] = StepLowering.of(layout.program if spmd is None else None,
                                                  where, donated_arrays, read_arrays,
                                                  batch_arrays)
@@ -602,6 +602,10 @@ class GraphRunner:
                 raise
             outputs = prog.compiled(donated, read, batch)
         new_state, new_keys, extra, res_arrays = outputs
+        placed = getattr(prog.compiled, "placed_read", None)  # DistOpt: state put on the mesh
+        if placed is not None:
+            for t, a in zip(prog.read, placed):
+                t._data = a
         for t, a in zip(prog.written, new_state):
             t._data = a  # a program output, on its device, no hook installed: skip the setter
         for d, k in zip(prog.written_devices, new_keys):

@@ -11,13 +11,17 @@ Joining (:func:`_join`)
     starts, so DistOpt is constructed before any Tensor exists, as in SINGA's examples.
 
 Collectives
-    *Eager*: a gradient is summed over the ranks by one jitted reduction over a global array
-    assembled (without copies) from every process's piece (:meth:`_Cluster.sum_over_ranks`).
-    Eager steps compute on the rank's first local device.
     *Graph mode*: a Model whose optimizer is a DistOpt compiles its whole training step, collectives
     included, as ONE program per process: the step runs under ``shard_map`` over the mesh
     ``('rank', 'local')`` of all devices, the batch split along its first dimension, and
-    DistOpt's sums become ``lax.psum`` (:class:`SpmdStep`, used by :mod:`singa_jax.graph`).
+    DistOpt's sums become ``lax.psum`` (:class:`SpmdStep`, used by :mod:`singa_jax.graph`). The
+    model's parameters, buffers and optimizer slots then live on the mesh as global arrays
+    (replicated; with ``shard_optimizer_state`` the slots sharded, ZeRO stage 1) and the step
+    updates them in place (donated), so a step moves only its collectives' bytes.
+    *Eager*: a gradient is summed over the ranks by one jitted reduction over a global array
+    assembled (without copies) from every process's piece (:meth:`_Cluster.sum_over_ranks`).
+    An eager step computes on one device per rank: a rank with several local devices must use
+    graph mode (eager training raises, see :meth:`DistOpt._eager_check`).
 
 The numbers are SINGA's: gradients summed over ranks and divided by ``world_size``; ``half`` sends
 float16; ``partialUpdate`` averages one round-robin partition of the parameters per step;
@@ -41,10 +45,11 @@ from .. import tensor as _tensor
 from ..autograd.engine import backward as _backward
 from ..ctensor import CTensor
 from ..tensor import Tensor
-from .optimizers import SGD, Optimizer, _state_tensor
+from .optimizers import SGD, Optimizer, _param_name, _state_tensor
 from .schedules import _check_real
 from .cluster import TIMEOUT_ENV, _join, _sparsify
-from .spmd import _SPMD_BODY, SpmdStep
+from .spmd import _SPMD_BODY, ZERO_AXES, SpmdStep, zero_dim, zero_spec
+from .cluster import LOCAL, RANK
 
 __all__ = ["DistOpt", "SpmdStep", "TIMEOUT_ENV"]
 # ------------------------------------------------------------------------------------------
@@ -119,6 +124,13 @@ class DistOpt:
         local_rank: this process's rank (with ``nccl_id``); SINGA's rank on its node.
         world_size: the number of processes.
         buffSize: SINGA's fusion buffer size; accepted (XLA combines all-reduces itself).
+        shard_optimizer_state: beyond SINGA (ZeRO stage 1, graph mode): every optimizer slot is
+            split over all devices of the run along its first dimension divisible by their
+            number (a slot with none stays replicated), each device updates its part of each
+            parameter from a reduce-scattered gradient, and the updated parts are all-gathered.
+            For models whose optimizer state does not fit one device; the numbers are those of
+            ``plain`` (and ``half``). Slots keep their parameters' shapes: ``get_states()`` and
+            checkpoints read and write them whole.
 
     Attributes ``world_size``, ``global_rank`` and ``local_rank`` are SINGA's. Attributes not
     defined here (``step_counter``, ``get_states``, ...) are those of the wrapped optimizer.
@@ -126,7 +138,7 @@ class DistOpt:
 
     def __init__(self, opt: Optional[Optimizer] = None, nccl_id: Any = None,
                  local_rank: Optional[int] = None, world_size: Optional[int] = None,
-                 buffSize: int = 4194304):
+                 buffSize: int = 4194304, shard_optimizer_state: bool = False):
         if opt is None:
             opt = SGD()
         if not isinstance(opt, Optimizer):
@@ -136,7 +148,11 @@ class DistOpt:
         if nccl_id is None and local_rank is not None and world_size is None:
             raise ValueError("DistOpt: local_rank without nccl_id/world_size; pass "
                              "nccl_id=NcclIdHolder(), local_rank and world_size together")
+        if not isinstance(shard_optimizer_state, bool):
+            raise TypeError(f"DistOpt: shard_optimizer_state must be a bool, got "
+                            f"{shard_optimizer_state!r}")
         cluster, local = _join(nccl_id, local_rank, world_size)
+        self.shard_optimizer_state = shard_optimizer_state
         self.opt = opt
         self.nccl_id = nccl_id
         self.buffSize = int(buffSize)
@@ -154,7 +170,7 @@ class DistOpt:
 
     def _static_key(self) -> Tuple:
         """What a compiled step bakes in: the SPMD layout and the wrapped optimizer's key."""
-        return (DistOpt, self._spmd, self.opt._static_key())
+        return (DistOpt, self._spmd, self.shard_optimizer_state, self.opt._static_key())
 
     def __call__(self, loss: Tensor) -> None:
         self.backward_and_update(loss)
@@ -195,6 +211,86 @@ class DistOpt:
     def _rank_values(self, arrays: List[Any]) -> List[Any]:
         spmd = _SPMD_BODY.get()
         return spmd.rank_values(arrays) if spmd is not None else list(arrays)
+
+    def _eager_check(self, what: str) -> None:
+        """Training eagerly is one device per rank: refuse a rank with several local devices
+        (it would silently use one of them) and the sharded optimizer state (graph mode's)."""
+        if _SPMD_BODY.get() is not None:
+            return
+        if self._cluster.num_local > 1:
+            raise RuntimeError(
+                f"DistOpt.{what}: eager training computes on one device per rank, but this rank "
+                f"has {self._cluster.num_local} local devices. Compile the model with "
+                f"use_graph=True (one program over every device, the batch split between them), "
+                f"or start one process per device (JAX_LOCAL_DEVICE_IDS, one GPU per process).")
+        if self.shard_optimizer_state and self._spmd is not None:
+            raise RuntimeError(f"DistOpt.{what}: shard_optimizer_state=True needs graph mode "
+                               f"(model.compile(..., use_graph=True))")
+
+    def _zero_check(self, what: str) -> None:
+        if self.shard_optimizer_state and _SPMD_BODY.get() is not None:
+            raise NotImplementedError(
+                f"DistOpt.{what}: shard_optimizer_state=True supports backward_and_update "
+                f"('plain') and backward_and_update_half ('half'); partial and sparse updates "
+                f"keep per-rank state, so construct the DistOpt without it for them")
+
+    def _zero_update(self, pairs: List[Tuple[Tensor, Tensor]], half: bool = False,
+                     clip: Optional[float] = None) -> None:
+        """ZeRO stage 1 inside the SPMD step: each device updates its part of every parameter
+        (and holds only that part of its slots) from the reduce-scattered mean gradient, then
+        the parts are all-gathered. A parameter with no dimension divisible by the device count
+        is summed and updated whole, as in plain data parallelism."""
+        spmd = _SPMD_BODY.get()
+        world, m, devices = self.world_size, self._cluster.num_local, spmd.devices
+        dims = [zero_dim(tuple(p.shape), devices) for p, _ in pairs]
+        whole = [i for i, d in enumerate(dims) if d is None]
+        if whole:
+            summed = self._sum([pairs[i][1].array for i in whole], half=half, clip=clip,
+                               scale=1.0 / world)
+            for i, v in zip(whole, summed):
+                pairs[i][1].array = v
+        index = jax.lax.axis_index(ZERO_AXES)  # this device's part (local major, rank minor)
+        full_shapes = {}
+        bad = jnp.zeros((), jnp.int32)
+        for (p, g), d in zip(pairs, dims):
+            if d is None:
+                continue
+            full_shapes[id(p)] = tuple(p.shape)
+            part = p.shape[d] // devices
+            grad = g.array
+            if half:  # the rank's value rounded to float16, summed over the ranks in float16
+                if m > 1:
+                    grad = jax.lax.psum_scatter(grad, LOCAL, scatter_dimension=d, tiled=True) / m
+                if clip is not None:
+                    grad = jnp.clip(grad, -clip, clip)
+                grad = grad.astype(jnp.float16)
+                if world > 1:  # (over one rank: the rounding alone, no collective)
+                    grad = jax.lax.psum_scatter(grad, RANK, scatter_dimension=d, tiled=True)
+                grad = grad.astype(g.dtype) / world
+            else:  # the mean over every device's gradient (= over the ranks' mean gradients)
+                grad = jax.lax.psum_scatter(grad, ZERO_AXES, scatter_dimension=d,
+                                            tiled=True) / (world * m)
+            bad = bad + jnp.sum(~jnp.isfinite(grad)).astype(jnp.int32)
+            p.array = jax.lax.dynamic_slice_in_dim(p.array, index * part, part, axis=d)
+            g.array = grad
+        loss = None
+        if full_shapes and self.opt._guarded():
+            # each device sees only its part: skip (or apply) the update on every device alike
+            bad = jax.lax.psum(bad, ZERO_AXES)
+            loss = Tensor(data=jnp.where(bad > 0, jnp.nan, 0.0).astype(jnp.float32),
+                          device=pairs[0][0].device, requires_grad=False)
+        self.opt._apply_all(pairs, loss)
+        kinds = self.opt._active_slot_kinds()
+        for (p, _), d in zip(pairs, dims):
+            if d is None:
+                continue
+            shape = full_shapes[id(p)]
+            key = self.opt._slot_key(_param_name(p), p)
+            for kind in kinds:  # a slot born in this step leaves it split, as it will stay
+                spmd.register_born(self.opt._slot_dict(kind)[key].array,
+                                   zero_spec(shape, devices))
+            p.array = jax.lax.all_gather(p.array, ZERO_AXES, axis=d, tiled=True)
+        self.opt.step()
 
     # --- SINGA's collectives ------------------------------------------------------------------
     def all_reduce(self, tensor: Any) -> Any:
@@ -264,7 +360,10 @@ class DistOpt:
         """Backward from ``loss``, sum the gradients over the ranks, divide by ``world_size``,
         update every parameter and step. ``threshold`` (SINGA's fusion size) is accepted: XLA
         combines the all-reduces of one step itself."""
+        self._eager_check("backward_and_update")
         pairs = list(_backward(loss))
+        if self.shard_optimizer_state and _SPMD_BODY.get() is not None:
+            return self._zero_update(pairs)
         summed = self._sum([g.array for _, g in pairs], scale=1.0 / self.world_size)
         self._update_averaged(pairs, summed)
 
@@ -272,12 +371,15 @@ class DistOpt:
                                  clipping: bool = False, clip_Value: float = 100) -> None:
         """As :meth:`backward_and_update`, with gradients optionally clipped to
         ``[-clip_Value, clip_Value]`` and communicated (so rounded and summed) in float16."""
+        self._eager_check("backward_and_update_half")
         pairs = list(_backward(loss))
         for p, _ in pairs:
             if p.dtype != _tensor.float32:
                 raise TypeError(f"DistOpt.backward_and_update_half: param {p.name!r} is "
                                 f"{p.dtype}; only float32 params are sent as float16")
         clip = _check_real("DistOpt", "clip_Value", clip_Value) if clipping else None
+        if self.shard_optimizer_state and _SPMD_BODY.get() is not None:
+            return self._zero_update(pairs, half=True, clip=clip)
         summed = self._sum([g.array for _, g in pairs], half=True, clip=clip,
                            scale=1.0 / self.world_size) if pairs else []
         self._update_averaged(pairs, summed)
@@ -287,6 +389,8 @@ class DistOpt:
         one partition of the parameters (SINGA's fusion groups by ``threshold``, round robin, one
         per call) is averaged over the ranks. ``self.partial`` (a Tensor, so a compiled step
         advances it) is SINGA's counter: the partition averaged last, 0 after a full cycle."""
+        self._eager_check("backward_and_partial_update")
+        self._zero_check("backward_and_partial_update")
         pairs = list(_backward(loss))
         if _SPMD_BODY.get() is not None:  # the rank's gradient: the mean of its devices'
             for (_, g), v in zip(pairs, self._rank_values([g.array for _, g in pairs])):
@@ -338,6 +442,8 @@ class DistOpt:
         :meth:`fused_sparsification`). With ``corr`` each group keeps a local accumulation of
         what the rank did not send (``self.gradAccumulation``), added back at the next call.
         """
+        self._eager_check("backward_and_sparse_update")
+        self._zero_check("backward_and_sparse_update")
         pairs = list(_backward(loss))
         grads = [g for _, g in pairs]
         groups = [[grads[i] for i in grp] for grp in _partitions([g.size() for g in grads],

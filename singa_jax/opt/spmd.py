@@ -4,6 +4,7 @@ dimension and DistOpt's sums as ``lax.psum`` (:class:`SpmdStep`, used by :mod:`s
 from __future__ import annotations
 
 import contextvars
+import re
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -29,13 +30,17 @@ _SPMD_BODY: contextvars.ContextVar[Optional["SpmdStep"]] = contextvars.ContextVa
 class SpmdStep:
     """How graph mode runs a training step of a Model whose optimizer is a DistOpt.
 
-    :meth:`trace` traces the step under ``shard_map`` over the mesh ``(rank, local)``: state and
-    device keys replicated (each process passes its own copy, so per-rank state such as batch-norm
-    statistics stays per rank), every Tensor argument split along its first dimension over all
-    devices (each rank's batch over its local devices). Results with the batch as first dimension
-    are gathered back to the rank's batch; other results (the loss) are the mean of the rank's
-    devices. :meth:`compile` compiles it; the returned :class:`_SpmdProgram` takes and returns
-    this process's arrays, so graph mode's bookkeeping is the same as for one device.
+    :meth:`trace` traces the step under ``shard_map`` over the mesh ``(rank, local)``: state
+    replicated (each process holds its own copy, so per-rank state such as batch-norm statistics
+    stays per rank) except, with ``DistOpt(shard_optimizer_state=True)``, the optimizer's slots,
+    sharded over every device (:meth:`spec_of`); device keys replicated; every Tensor argument
+    split along its first dimension over all devices (each rank's batch over its local devices).
+    Results with the batch as first dimension are gathered back to the rank's batch; other
+    results (the loss) are the mean of the rank's devices. :meth:`compile` compiles it; the
+    returned :class:`_SpmdProgram` takes the state as global arrays laid out over the mesh (it
+    places a Tensor's single-device array once, when it first meets it) and returns the new
+    state the same way, in the donated buffers: the state then lives on the mesh between steps
+    and a step moves only what the algorithm's collectives move.
     """
 
     def __init__(self, dist: "DistOpt"):
@@ -45,7 +50,30 @@ class SpmdStep:
         self.replicated = NamedSharding(mesh, P())
         self.split = NamedSharding(mesh, P((RANK, LOCAL)))
         self.by_rank = NamedSharding(mesh, P(RANK))
+        self.devices = self.cluster.world_size * self.cluster.num_local  # of the whole run
         self._result_order: List[int] = []
+        self._state_specs: List[P] = []
+        # specs of values the body returns as new Tensors (a ZeRO slot born in the step), by the
+        # identity of the traced value (DistOpt registers them while the body is traced)
+        self._born_specs: Dict[int, P] = {}
+        self.last_compiled: Any = None  # the last compiled step (its HLO: bench_dist, tests)
+
+    # -- layout of the state over the mesh ----------------------------------------------------
+    def spec_of(self, t: Tensor) -> P:
+        """Where state Tensor ``t`` lives: replicated, or (a slot of the wrapped optimizer under
+        ``shard_optimizer_state``) split over every device along its first dimension divisible
+        by the device count (:func:`zero_dim`; a slot with none stays replicated)."""
+        dist = self._dist()
+        if dist is None or not dist.shard_optimizer_state or id(t) not in _slot_ids(dist):
+            return P()
+        return zero_spec(tuple(t.shape), self.devices)
+
+    def sharding(self, spec: P) -> NamedSharding:
+        return self.replicated if spec == P() else NamedSharding(self.cluster.mesh, spec)
+
+    def register_born(self, value: Any, spec: P) -> None:
+        """Inside the body: ``value`` (a new Tensor's traced array) leaves the step as ``spec``."""
+        self._born_specs[id(value)] = spec
 
     # -- inside the body: what DistOpt's sums do ----------------------------------------------
     def rank_values(self, arrays: List[Any]) -> List[Any]:
@@ -80,6 +108,9 @@ class SpmdStep:
         if problem:
             raise ValueError(problem)
         per_shard_batch = batch[0].shape[0] // m
+        specs = self._state_specs = [self.spec_of(t) for t in state]
+        self._born_specs = {}
+        extra_specs: List[P] = []  # filled when the body returns (shard_map reads it then)
         dist = self._dist()
         optimizer_ids = {id(t) for t in _tensors_of(dist)} if dist is not None else set()
         layer_state = [i for i, t in enumerate(state)
@@ -102,6 +133,7 @@ class SpmdStep:
                        if r.ndim > 0 and r.shape[0] == per_shard_batch and r.size > 1]
             others = [i for i in range(len(results)) if i not in batched]
             self._result_order = batched + others
+            extra_specs[:] = [self._born_specs.get(id(e), P()) for e in extra]
             gather = (lambda r: r) if m == 1 else \
                 (lambda r: jax.lax.all_gather(r, LOCAL, axis=0, tiled=True))
             mean = (lambda r: r) if m == 1 else \
@@ -110,35 +142,57 @@ class SpmdStep:
             return (new_state, new_keys, extra, [gather(results[i]) for i in batched],
                     [mean(results[i]) for i in others])
 
+        # shard_map reads out_specs after tracing the body, so the specs of the values the body
+        # creates (extra_specs) can be known only then; the new state keeps its input's layout
         program = jax.shard_map(body, mesh=cluster.mesh,
-                                in_specs=(P(), P(), P((RANK, LOCAL))),
-                                out_specs=(P(), P(), P(), P(RANK), P()), check_vma=False)
-        return jax.jit(program).trace(self._global_avals(state_arrays, self.replicated),
-                                      self._global_avals(keys, self.replicated),
+                                in_specs=(specs, P(), P((RANK, LOCAL))),
+                                out_specs=(specs, P(), extra_specs, P(RANK), P()),
+                                check_vma=False)
+        state_avals = [self._global_aval(a, self.sharding(spec))
+                       for a, spec in zip(state_arrays, specs)]
+        return jax.jit(program).trace(state_avals, self._global_avals(keys, self.replicated),
                                       self._global_avals(batch, self.split)).jaxpr
 
+    def _global_aval(self, a: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
+        shape = tuple(a.shape)
+        if sharding is self.split:
+            shape = (shape[0] * self.cluster.world_size,) + shape[1:]
+        return jax.ShapeDtypeStruct(shape, a.dtype, sharding=sharding)
+
     def _global_avals(self, arrays: list, sharding: NamedSharding) -> list:
-        world = self.cluster.world_size
-        out = []
-        for a in arrays:
-            shape = tuple(a.shape)
-            if sharding is self.split:
-                shape = (shape[0] * world,) + shape[1:]
-            out.append(jax.ShapeDtypeStruct(shape, a.dtype, sharding=sharding))
-        return out
+        return [self._global_aval(a, sharding) for a in arrays]
 
     def compile(self, program: Callable, donated: list, read: list, batch: list,
-                options_for: Callable[[Any], Optional[dict]]) -> "_SpmdProgram":
+                options_for: Callable[[Any], Optional[dict]],
+                donated_holders: Sequence[int] = (), read_holders: Sequence[int] = ()
+                ) -> "_SpmdProgram":
         """Compile ``program(donated, read, batch)`` (graph mode's trimmed step) for the mesh,
-        with the options ``options_for(lowered program)``."""
-        repl, split = self.replicated, self.split
+        with the options ``options_for(lowered program)``. ``donated_holders`` /
+        ``read_holders`` are the inputs' indices among the traced state and keys (their
+        layout: :meth:`spec_of`, keys replicated)."""
+        n = len(self._state_specs)
+
+        def shardings(holders: Sequence[int], count: int) -> List[NamedSharding]:
+            if len(holders) != count:  # a caller that does not say: all replicated
+                return [self.replicated] * count
+            return [self.sharding(self._state_specs[i]) if i < n else self.replicated
+                    for i in holders]
+
+        s_donated = shardings(donated_holders, len(donated))
+        s_read = shardings(read_holders, len(read))
         lowered = jax.jit(program, donate_argnums=0,
-                          in_shardings=([repl] * len(donated), [repl] * len(read),
-                                        [split] * len(batch))).lower(
-            self._global_avals(donated, repl), self._global_avals(read, repl),
-            self._global_avals(batch, split))
-        return _SpmdProgram(self, lowered.compile(options_for(lowered)), donated, read, batch,
-                            list(self._result_order))
+                          in_shardings=(s_donated, s_read, [self.split] * len(batch))).lower(
+            [self._global_aval(a, s) for a, s in zip(donated, s_donated)],
+            [self._global_aval(a, s) for a, s in zip(read, s_read)],
+            self._global_avals(batch, self.split))
+        compiled = lowered.compile(options_for(lowered))
+        self.last_compiled = compiled
+        return _SpmdProgram(self, compiled, donated, read, batch, list(self._result_order),
+                            s_donated, s_read,
+                            read_keys=[i >= n for i in read_holders]
+                            if len(read_holders) == len(read) else [False] * len(read),
+                            n_state_donated=sum(i < n for i in donated_holders)
+                            if len(donated_holders) == len(donated) else len(donated))
 
 
 def _tensors_of(dist: "DistOpt") -> List[Tensor]:
@@ -147,16 +201,49 @@ def _tensors_of(dist: "DistOpt") -> List[Tensor]:
     return tensors_in([dist.opt, {k: v for k, v in vars(dist).items() if k != "opt"}])
 
 
-class _SpmdProgram:
-    """A compiled SPMD step taking and returning this process's arrays.
+def _slot_ids(dist: "DistOpt") -> set:
+    """Ids of the wrapped optimizer's slot Tensors (momentum, Adam's m and v, ...)."""
+    opt = dist.opt
+    return {id(t) for kind in opt._slot_kinds for t in opt._slot_dict(kind).values()}
 
-    State arrays (on the rank's first device) become global replicated arrays -- without a copy
-    on one local device, with one copy per extra local device, cached between steps by identity
-    -- and the batch a global array split over the devices; outputs come back as the arrays of
-    the rank's first device."""
+
+def zero_dim(shape: Tuple[int, ...], devices: int) -> Optional[int]:
+    """The dimension a ZeRO-sharded slot (and its parameter's update) is split along over
+    ``devices``: the first one divisible by ``devices`` (None: kept whole and replicated).
+    The slot keeps the parameter's shape (checkpoints stay SINGA's), so no padding."""
+    for d, n in enumerate(shape):
+        if n % devices == 0 and n > 0:
+            return d
+    return None
+
+
+# the shard order of a ZeRO-sharded value: local device major, rank minor (the order of the
+# two-level reduce-scatter of ``half``: over a rank's devices, then over the ranks)
+ZERO_AXES = (LOCAL, RANK)
+
+
+def zero_spec(shape: Tuple[int, ...], devices: int) -> P:
+    d = zero_dim(shape, devices)
+    if d is None or devices == 1:
+        return P()
+    return P(*([None] * d + [ZERO_AXES]))
+
+
+class _SpmdProgram:
+    """A compiled SPMD step over global arrays.
+
+    State comes in as global arrays laid out over the mesh (replicated, or ZeRO-sharded) and
+    leaves the same way, its buffers donated and reused: between steps nothing is moved. A
+    Tensor still holding a single-device array (the first step, a checkpoint just loaded, a
+    value set eagerly) is placed over the mesh once; state only read is then kept placed
+    (:attr:`placed_read`, written back by graph mode). The device keys go back to their
+    devices as single-device arrays (eager code draws from them); their global form is cached
+    by identity, so the next step moves nothing either. The batch is split over the devices,
+    results come back as this rank's arrays."""
 
     def __init__(self, plan: SpmdStep, compiled, donated: list, read: list, batch: list,
-                 result_order: List[int]):
+                 result_order: List[int], s_donated: List[NamedSharding],
+                 s_read: List[NamedSharding], read_keys: List[bool], n_state_donated: int):
         self.plan = plan
         self.cluster = plan.cluster
         self.compiled = compiled
@@ -165,18 +252,38 @@ class _SpmdProgram:
         self.args_info = tuple([jax.ShapeDtypeStruct(s, d) for s, d in group]
                                for group in self._expected)
         self._restore_order = np.argsort(result_order).tolist() if result_order else []
-        self._globals: Dict[int, Tuple[jax.Array, jax.Array]] = {}
+        self._s_donated, self._s_read = s_donated, s_read
+        self._n_state_donated = n_state_donated
+        self._read_keys = read_keys
+        self._keys: Dict[int, Tuple[jax.Array, jax.Array]] = {}  # local key -> its global form
+        self.placed_read: Optional[list] = None  # read state placed by the last call, if any
 
-    def _replicated(self, a: jax.Array) -> jax.Array:
-        cached = self._globals.get(id(a))
-        if cached is not None and cached[0] is a:
-            return cached[1]
+    def place(self, a: jax.Array, sharding: NamedSharding) -> jax.Array:
+        """``a`` laid out as ``sharding``: itself when it already is (every step after the
+        first), else a global array made from this rank's value (a transfer, once)."""
+        current = a.sharding
+        if current == sharding:
+            return a
+        # a program's output may describe the same layout differently (its own spec form)
+        if len(current.device_set) > 1 and current.is_equivalent_to(sharding, a.ndim):
+            return a
         cl = self.cluster
+        if not a.is_fully_addressable or len(a.sharding.device_set) > 1:
+            return jax.device_put(a, sharding)  # another layout over the mesh: reshard
         first = cl.on_rank_device(a)
-        pieces = [first] + (jax.device_put([first] * (cl.num_local - 1), cl.local_devices[1:])
-                            if cl.num_local > 1 else [])
-        return jax.make_array_from_single_device_arrays(tuple(a.shape), self.plan.replicated,
-                                                        pieces)
+        if sharding is self.plan.replicated or sharding.is_fully_replicated:
+            pieces = [first] + (jax.device_put([first] * (cl.num_local - 1),
+                                               cl.local_devices[1:])
+                                if cl.num_local > 1 else [])
+            return jax.make_array_from_single_device_arrays(tuple(a.shape), sharding, pieces)
+        # a ZeRO shard per device: each process supplies its own devices' slices
+        return jax.make_array_from_callback(tuple(a.shape), sharding, lambda idx: first[idx])
+
+    def _key(self, k: jax.Array) -> jax.Array:
+        cached = self._keys.get(id(k))
+        if cached is not None and cached[0] is k:
+            return cached[1]
+        return self.place(k, self.plan.replicated)
 
     def _split(self, a: jax.Array) -> jax.Array:
         cl = self.cluster
@@ -197,15 +304,64 @@ class _SpmdProgram:
                for group in (donated, read, batch)]
         if got != self._expected:
             raise TypeError("graph mode (DistOpt): the step's inputs changed shape or dtype")
-        g_donated = [self._replicated(a) for a in donated]
-        g_read = [self._replicated(a) for a in read]
-        self._globals = {id(a): (a, g) for a, g in zip(read, g_read)}
+        n = self._n_state_donated
+        g_donated = [self.place(a, s) for a, s in zip(donated[:n], self._s_donated)] + \
+            [self._key(k) for k in donated[n:]]
+        g_read = [self._key(a) if is_key else self.place(a, s)
+                  for a, s, is_key in zip(read, self._s_read, self._read_keys)]
+        changed = any(g is not a for g, a, is_key in zip(g_read, read, self._read_keys)
+                      if not is_key)
+        self.placed_read = g_read if changed else None
         new_state, new_keys, extra, results = self.compiled(g_donated, g_read,
                                                             [self._split(a) for a in batch])
-        local_state = [self._local(g) for g in new_state]
         local_keys = [self._local(g) for g in new_keys]
-        for a, g in zip(local_state + local_keys, list(new_state) + list(new_keys)):
-            self._globals[id(a)] = (a, g)
+        self._keys = {id(a): (a, g) for a, g in zip(local_keys, new_keys)}
+        for a, g, is_key in zip(read, g_read, self._read_keys):  # keys only read: keep
+            if is_key:                                              # their global form
+                self._keys[id(a)] = (a, g)
         local_results = [self._local(r) for r in results]
         local_results = [local_results[i] for i in self._restore_order]
-        return local_state, local_keys, [self._local(g) for g in extra], local_results
+        return list(new_state), local_keys, list(extra), local_results
+
+
+# ------------------------------------------------------------------------------------------
+# What a compiled step communicates (benchmarks/bench_dist.py, tests/test_dist_placement.py)
+# ------------------------------------------------------------------------------------------
+_COLLECTIVE = re.compile(
+    r"=\s*(\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
+    r"(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)(?:-start)?\(")
+_ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
+_GROUPS = re.compile(r"replica_groups=(\{\{[0-9,]*\}|\[[0-9]+,([0-9]+)\])")
+
+
+def collectives(hlo_text: str) -> List[Dict[str, Any]]:
+    """The collectives of a compiled step's HLO (``Compiled.as_text()``): per op its ``kind``
+    (all-reduce, reduce-scatter, all-gather, collective-permute, all-to-all), ``dtypes`` and
+    ``bytes``, the data one device hands to it: the reduced values of an all-reduce, the
+    values to reduce and scatter of a reduce-scatter (its result times the group size), the
+    gathered result of an all-gather. ``group``: how many devices take part."""
+    out = []
+    for line in hlo_text.splitlines():
+        m = _COLLECTIVE.search(line)
+        if m is None or "-done(" in line:
+            continue
+        shapes, kind = m.group(1), m.group(2)
+        arrays = _ARRAY.findall(shapes)
+        nbytes = 0
+        for dtype, dims in arrays:
+            size = int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1
+            nbytes += size * np.dtype(_HLO_DTYPES.get(dtype, "float32")).itemsize
+        g = _GROUPS.search(line)
+        group = 1
+        if g is not None:
+            group = int(g.group(2)) if g.group(2) else len(g.group(1)[2:-1].split(","))
+        if kind == "reduce-scatter":
+            nbytes *= group
+        out.append({"kind": kind, "dtypes": sorted({d for d, _ in arrays}), "bytes": nbytes,
+                    "group": group})
+    return out
+
+
+_HLO_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "float16", "f64": "float64",
+               "s32": "int32", "u32": "uint32", "s64": "int64", "u64": "uint64", "s8": "int8",
+               "u8": "uint8", "pred": "bool", "s16": "int16", "u16": "uint16"}
