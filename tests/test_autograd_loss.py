@@ -1,4 +1,6 @@
 """Tests of singa_jax.autograd.loss against NumPy formulas (forward and analytic gradients)."""
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -91,6 +93,25 @@ def test_mse_loss_averages_over_all_elements():
     value, (dx,) = loss_and_grads(autograd.mse_loss, [x], t, dy=3.0)
     assert value == pytest.approx(np.mean((x - t) ** 2), rel=1e-5)
     np.testing.assert_allclose(dx, 3.0 * 2 * (x - t) / x.size, rtol=1e-5)
+
+
+@pytest.mark.parametrize("t_shape", [(2, 1), (4,), (1, 1)])
+def test_mean_square_error_broadcasts_its_target(t_shape):
+    """SINGA's MeanSquareError subtracts with its broadcasting ``__sub__`` (its fine-tuning
+    test feeds a (2, 1) target to a (2, 4) output) and divides by x's element count."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    t = rng.standard_normal(t_shape).astype(np.float32)
+    value, (dx,) = loss_and_grads(lambda a, b: autograd.MeanSquareError(b)(a)[0], [x], t,
+                                  dy=2.0)
+    assert value == pytest.approx(np.sum((x - t) ** 2) / x.size, rel=1e-5)
+    want = jax.grad(lambda a: 2.0 * jnp.sum(jnp.square(a - t)) / a.size)(jnp.asarray(x))
+    np.testing.assert_allclose(dx, np.asarray(want), rtol=1e-5)
+    # mse_loss keeps SINGA's assertion that the shapes are equal
+    with pytest.raises(ValueError, match=r"MeanSquareError \(mse_loss\).*\(2, 4\)"):
+        autograd.mse_loss(leaf(x), Tensor(data=t))
+    with pytest.raises(ValueError, match=r"MeanSquareError.*do not broadcast"):
+        autograd.MeanSquareError(Tensor(data=np.zeros((3,), np.float32)))(leaf(x))
 
 
 def test_ranking_loss():

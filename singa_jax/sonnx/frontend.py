@@ -371,7 +371,10 @@ def _depth_space(onnx_type: str) -> Translator:
 
 
 def _onehot(ctx, op, ins, outs):
-    (h,) = ctx.node("OneHot", [ins[0], ctx.const("depth", [op.depth], np.int64),
+    # int64 indices: onnxruntime has no OneHot kernel for float indices with int64 depth (and
+    # the operator truncates float indices to integers, as this cast does)
+    (idx,) = ctx.node("Cast", ins[:1], to=TensorProto.INT64)
+    (h,) = ctx.node("OneHot", [idx, ctx.const("depth", [op.depth], np.int64),
                                ctx.const("values", list(op.values), np.float32)],
                     name=op.name, axis=op.axis)
     ctx.node("Identity", [h], outs)
