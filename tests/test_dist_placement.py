@@ -76,7 +76,7 @@ WORKER = textwrap.dedent('''
             dev = device.get_default_device()
             dev.SetRandSeed(0)
             net = Net() if kind == "net" else bn_net()
-            x, y = global_batches(world, STEPS + 1, PER_RANK)
+            x, y = global_batches(world, STEPS, PER_RANK)
             tx = tensor.Tensor((PER_RANK, 1, 5, 5), dev)
             ty = tensor.Tensor((PER_RANK,), dev, tensor.int32)
             net.set_optimizer(dist)
@@ -117,14 +117,14 @@ WORKER = textwrap.dedent('''
             # checkpoint round trip: save, step, load, step again = the same step
             ckpt = os.path.join(out_dir, f"ckpt{{rank}}_{{len(report)}}.zip")
             net.save_states(ckpt, aux_states=dist.get_states())
-            step(STEPS)
+            step(STEPS - 1)  # the last batch again
             after = {{k: tensor.to_numpy(v) for k, v in net.get_states().items()}}
             aux = net.load_states(ckpt)
             dist.set_states(aux)
             restored = {{k: tensor.to_numpy(v) for k, v in net.get_states().items()}}
             entry["restored_equals_saved"] = all(
                 np.array_equal(restored[k], params[name][k]) for k in params[name])
-            step(STEPS)
+            step(STEPS - 1)  # the last batch again
             again = {{k: tensor.to_numpy(v) for k, v in net.get_states().items()}}
             entry["resumed_step_error"] = max(float(np.abs(again[k] - after[k]).max())
                                               for k in after)

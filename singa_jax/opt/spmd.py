@@ -328,7 +328,7 @@ class _SpmdProgram:
 # What a compiled step communicates (benchmarks/bench_dist.py, tests/test_dist_placement.py)
 # ------------------------------------------------------------------------------------------
 _COLLECTIVE = re.compile(
-    r"=\s*(\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
+    r"=\s*(\([^()]*\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
     r"(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)(?:-start)?\(")
 _ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
 _GROUPS = re.compile(r"replica_groups=(\{\{[0-9,]*\}|\[[0-9]+,([0-9]+)\])")
