@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import jax
 import numpy as np
 
-from . import autograd, checkpoint, checks, modes, opt
+from . import autograd, checkpoint, checks, modes, opt, replay
 from . import device as device_mod
 from .graph import NOT_CACHED, GraphRunner, tensors_in
 from .layer.base import Layer, LayerMeta, concrete_initialization
@@ -197,10 +197,15 @@ class Model(Layer, metaclass=ModelMeta):
         (whatever other threads set), compiled when ``graph``, and as a transaction -- if it
         raises, every parameter, buffer, optimizer state and device key is what it was before
         (see :mod:`singa_jax.transaction`)."""
+        replay.flush()  # every state Tensor holds an array when the step starts
         declared, static, optimizers = self._declared_state()
         if not graph:
             with self._transaction(declared, optimizers, arrays=True):
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+            # an eager call's recorded kernels run now, as one program once the call recurs
+            # (asynchronously: nothing here waits for them)
+            replay.flush()
+            return result
         # Report the last step's skipped updates and drop the state array kept for that report:
         # held across the step, it would be copied rather than donated.
         for optimizer in optimizers:

@@ -1,4 +1,4 @@
-"""Scoped modes: training mode, grad mode, fused backward walks, graph mode's trace hook and
+"""Scoped modes: training mode, grad mode, fused backward walks, eager replay, graph mode's trace hook and
 concrete evaluation inside a trace (``compile_time_eval``).
 
 Each is a :class:`contextvars.ContextVar`, so it belongs to the running thread (and asyncio task)
@@ -23,6 +23,7 @@ import jax
 
 __all__ = ["is_training", "set_training", "training_mode", "is_grad_enabled",
            "set_grad_enabled", "no_grad", "enable_grad", "is_backward_fused", "fused_backward",
+           "is_eager_replay", "eager_replay",
            "TraceHook", "current_trace_hook", "trace_hook", "traced_keys", "compile_time_eval",
            "in_compile_time_eval"]
 
@@ -148,6 +149,28 @@ class fused_backward(_ScopedFlag):
     pullback kernel per operator: the same gradients up to rounding."""
 
     var = _FUSED_BACKWARD
+
+    def __init__(self, enabled: bool = True):
+        super().__init__(enabled)
+
+
+# --- eager replay ------------------------------------------------------------------------------
+_EAGER_REPLAY: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "singa_jax.eager_replay", default=True)
+
+
+def is_eager_replay() -> bool:
+    """Whether recurring eager operator sequences replay as one program (``autograd.eager_replay``)."""
+    return _EAGER_REPLAY.get()
+
+
+class eager_replay(_ScopedFlag):
+    """Whether a recurring sequence of eager operators runs as one compiled program (default
+    True) inside the block or the decorated function (this thread only); ``eager_replay(False)``
+    runs every operator at once, one kernel each (see :mod:`singa_jax.autograd.replay`).
+    ``SINGA_JAX_EAGER_REPLAY=0`` turns it off for the process."""
+
+    var = _EAGER_REPLAY
 
     def __init__(self, enabled: bool = True):
         super().__init__(enabled)

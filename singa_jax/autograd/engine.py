@@ -37,6 +37,8 @@ from ..modes import fused_backward, is_backward_fused, is_grad_enabled, is_train
 from ..tensor import Tensor
 from ..tensor.handle import result_tensor
 from ..xla_options import kernel
+from .. import replay
+from ..replay import Deferred
 
 __all__ = ["Operator", "Operation", "Dummy", "infer_dependency", "gradients", "backward",
            "fused_backward", "is_training"]
@@ -62,6 +64,8 @@ class Operator(Node):
     freed = False  # released by a backward without retain_graph: cannot be passed again
     # per input of the last call: whether anyone can use its gradient (None before a call)
     input_needs_grad: Optional[Tuple[bool, ...]] = None
+    replayable = False  # whether eager replay may record it (see singa_jax.replay, Function)
+    replay_device = None  # during an engine call that may record: the inputs' Device
 
     def __init__(self, name: Optional[str] = None):
         if name is None:
@@ -108,7 +112,15 @@ class Operator(Node):
         self.input_needs_grad = tuple(needs)
         self.device = dev
         if self.takes_arrays:
-            ys = self.forward(*[x.array for x in xs])
+            if one_device and self.replayable and dev is not None and replay.active():
+                # the inputs' values may still be pending (Deferred): the op records its kernel
+                self.replay_device = dev
+                try:
+                    ys = self.forward(*[x._data for x in xs])
+                finally:
+                    self.replay_device = None
+            else:
+                ys = self.forward(*[x.array for x in xs])
         else:
             ys = self.forward(*[x.data for x in xs])
         if dev is None:
@@ -131,6 +143,10 @@ class Operator(Node):
         input lives on ``device``, so the kernel ran there)."""
         if isinstance(y, (jax.Array, jax.core.Tracer)):
             return result_tensor(y, device, requires_grad, self, self.output_name(idx), placed)
+        if type(y) is Deferred:  # recorded by eager replay: computed when its segment runs
+            t = result_tensor(y, device, requires_grad, self, self.output_name(idx), True)
+            replay.bind(t, y)
+            return t
         return Tensor(device=device, data=y, requires_grad=requires_grad, creator=self,
                       name=self.output_name(idx))
 
@@ -283,6 +299,7 @@ def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool 
     :func:`fused_backward`) runs as one kernel: every pullback and every sum of the walk, then
     the same yields in the same order."""
     wanted = wanted or {}
+    replay.flush()  # the forward's recorded kernels run now (their residuals are needed)
     fused = _fused_walk(roots, wanted)
     if fused is not None:
         ops, yields = fused

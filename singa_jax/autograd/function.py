@@ -34,6 +34,8 @@ import numpy as np
 from ..ctensor import CTensor, as_array
 from ..device import get_default_device
 from ..modes import is_training
+from .. import replay
+from ..replay import Deferred
 from ..tensor import Tensor
 from ..dtypes import is_inexact
 from ..xla_options import kernel
@@ -91,11 +93,14 @@ def _split_state(out, n_state: int):
     return (main[0] if len(main) == 1 else tuple(main)), tuple(out[-n_state:])
 
 
-def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: int, *xs):
+def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: int, xs: Tuple,
+                 device: Any = None):
     """Forward plus the pullback w.r.t. the inputs marked in ``diff``; returns
-    ``(outputs, pullback, new state arrays)``. The kernel returns no copy of an input or output
-    that the pullback keeps (see :mod:`.residuals`)."""
-    ys, pullback, new_state = _forward_vjp_kernel(fn, static, diff, n_state, *xs)
+    ``(outputs, pullback, new state arrays)`` (recorded by eager replay when it can be: then
+    with :class:`~singa_jax.replay.Deferred` leaves). The kernel returns no copy of an input or
+    output that the pullback keeps (see :mod:`.residuals`)."""
+    ys, pullback, new_state = replay.run(_forward_vjp_kernel, (fn, static, diff, n_state), xs,
+                                         device)
     return ys, residuals.join(pullback, xs, ys), new_state
 
 
@@ -159,6 +164,10 @@ class Function(Operator):
     _out: Tuple[Tuple[Tuple[int, ...], Any], ...] = ()
     _several_outputs = False
     _all_inputs = None
+    _deferred = False  # the pullback's residuals were recorded by eager replay (not yet read)
+    # whether the engine may hand ``forward`` Deferred inputs and have its kernel recorded (see
+    # singa_jax.replay); False for a class with its own forward, which may compute on arrays
+    replayable = True
 
     # whether the class declares state (overrides reads, writes or needs_key); set per class
     _declares_state = False
@@ -173,6 +182,8 @@ class Function(Operator):
                                   for m in ("reads", "writes", "needs_key"))
         if "backward" in cls.__dict__ and "backward_is_pullback" not in cls.__dict__:
             cls.backward_is_pullback = False
+        if "forward" in cls.__dict__ and "replayable" not in cls.__dict__:
+            cls.replayable = False  # its own forward may compute on the arrays
 
     def __init__(self, name: Optional[str] = None, **static):
         super().__init__(name)
@@ -201,9 +212,11 @@ class Function(Operator):
         if xs and isinstance(xs[0], CTensor):  # called directly, SINGA style: CTensors in and out
             return _as_ctensors(self.forward(*map(as_array, xs)))
         args, writes = xs, ()
+        device = self.replay_device  # set by the engine's call when eager replay may record
         if self._declares_state:
             writes = self.writes()
-            args += tuple(t.array for t in self.reads())
+            # (eager replay may record: a state Tensor's value may be a pending Deferred)
+            args += tuple(t.array if device is None else t._data for t in self.reads())
             if self.needs_key():
                 args += ((getattr(self, "device", None) or get_default_device()).next_key(),)
         static = self._static
@@ -216,8 +229,9 @@ class Function(Operator):
                 diff, every = self._differentiated(xs)
                 extras = (False,) * (len(args) - len(xs))
                 ys, vjp, new_state = _forward_vjp(type(self).fn, static, diff + extras,
-                                                  len(writes), *args)
+                                                  len(writes), args, device)
                 self._vjp, self._diff = vjp, diff
+                self._deferred = type(ys if not isinstance(ys, tuple) else ys[0]) is Deferred
                 # a direct SINGA-style backward may still ask for the skipped inputs' gradients
                 self._all_inputs = None if every is None else (args, every + extras)
                 if not all(diff):  # shapes of the inputs that get no gradient
@@ -227,12 +241,22 @@ class Function(Operator):
                 else:
                     self._out, self._several_outputs = ((ys.shape, ys.dtype),), False
             else:
-                ys, new_state = _split_state(_forward(type(self).fn, static, *args), len(writes))
+                ys, new_state = _split_state(replay.run(_forward, (type(self).fn, static), args,
+                                                        device), len(writes))
         except (TypeError, ValueError) as e:
             raise _op_error(type(self).__name__, args, self.static, e) from None
         for t, value in zip(writes, new_state):
-            t.array = value
+            if type(value) is Deferred:
+                replay.bind(t, value)
+            else:
+                t.array = value
         return ys
+
+    def _resolved_vjp(self) -> Any:
+        """The pullback, its recorded (Deferred) residuals computed."""
+        if self._deferred:
+            self._vjp, self._deferred = replay.resolve_tree(self._vjp), False
+        return self._vjp
 
     def _differentiated(self, xs: tuple) -> Tuple[Tuple[bool, ...], Optional[Tuple[bool, ...]]]:
         """Which inputs the pullback differentiates: those of a floating dtype whose gradient
@@ -248,7 +272,7 @@ class Function(Operator):
     def backward(self, *dys):
         if not dys or isinstance(dys[0], CTensor):
             return self._singa_backward(dys)
-        vjp = self._vjp
+        vjp = self._resolved_vjp()
         if vjp is None:
             raise RuntimeError(
                 f"{type(self).__name__}.backward: no forward state; run the forward pass with "
@@ -259,7 +283,8 @@ class Function(Operator):
     def pullback_step(self):
         if self._vjp is None or not self.backward_is_pullback:
             return None
-        return _pull, (self._diff, self._out, self._several_outputs), self._vjp, self._diff
+        return (_pull, (self._diff, self._out, self._several_outputs), self._resolved_vjp(),
+                self._diff)
 
     def _singa_backward(self, dys: tuple):
         """``backward`` called directly, SINGA style (``y.creator.backward(dy.data)``; a loss's
@@ -271,7 +296,8 @@ class Function(Operator):
             # call wants them all: redo the forward's vjp over every differentiable input
             args, diff = self._all_inputs
             _, self._vjp, _ = _forward_vjp(type(self).fn, self._static, diff,
-                                           len(self.writes()), *args)
+                                           len(self.writes()), tuple(replay.resolve_all(args)))
+            self._deferred = False
             self._diff, self._all_inputs = diff[:len(self._diff)], None
         dxs = self.backward(*(map(as_array, dys) if dys else (1.0,)))  # overrides answer too
         dxs = (dxs if isinstance(dxs, tuple) else (dxs,))[:self._singa_inputs()]

@@ -345,6 +345,8 @@ class _Conv2d(_WindowOp):
                     padding=(handle.pad_h, handle.pad_w),
                     dilation=(handle.dilation_h, handle.dilation_w), group=handle.group)
 
+    replayable = True  # forward checks shapes only: eager replay may record it
+
     def forward(self, x, W, b=None):
         h, op = self.handle, "_Conv2d"
         _check(x.ndim == 4, op, f"input x must be 4-D NCHW, got shape {tuple(x.shape)}")
@@ -384,6 +386,8 @@ class _Pooling2d(_WindowOp):
         return dict(kernel=(handle.kernel_h, handle.kernel_w),
                     stride=(handle.stride_h, handle.stride_w),
                     padding=(handle.pad_h, handle.pad_w), is_max=handle.is_max_pooling)
+
+    replayable = True  # forward checks shapes only: eager replay may record it
 
     def forward(self, x):
         _check(x.ndim == 4, "_Pooling2d", f"input x must be 4-D NCHW, got shape {tuple(x.shape)}")
@@ -433,6 +437,8 @@ class _BatchNorm2d(Function):
     def writes(self) -> Tuple[Tensor, ...]:
         return (self.running_mean, self.running_var) if self.static["training"] else ()
 
+    replayable = True  # forward checks shapes only: eager replay may record it
+
     def forward(self, x, scale, bias):
         op, c = "_BatchNorm2d", x.shape[1] if x.ndim > 1 else None
         _check(x.ndim in (2, 4), op, f"input x must be (N, C, H, W) or (N, C), got shape "
@@ -469,6 +475,8 @@ class GlobalAveragePool(Function):
         super().__init__(data_format=data_format)
         self.data_format = data_format
 
+    replayable = True  # forward checks shapes only: eager replay may record it
+
     def forward(self, x):
         _check(x.ndim >= 3, "GlobalAveragePool", f"input must have spatial axes, got shape "
                                                  f"{tuple(x.shape)}")
@@ -501,6 +509,8 @@ class Dropout(Function):
 
     def needs_key(self) -> bool:
         return True
+
+    replayable = True  # forward checks shapes only: eager replay may record it
 
     def forward(self, x):
         return x if self._identity else super().forward(x)
@@ -547,6 +557,8 @@ class CosSim(Function):
         """Row-wise dot product of two (batch, d) arrays: (batch,)."""
         return _row_dot(jnp.asarray(a), jnp.asarray(b))
 
+    replayable = True  # forward checks shapes only: eager replay may record it
+
     def forward(self, a, b):
         _check(a.shape == b.shape and a.ndim == 2, "CosSim",
                f"inputs must be 2-D of the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
@@ -590,6 +602,8 @@ class _RNN(Function):
 
     def needs_key(self) -> bool:
         return self.static["has_key"]
+
+    replayable = True  # forward checks shapes only: eager replay may record it
 
     def forward(self, x, hx, cx, w):
         h, op = self.handle, "_RNN"

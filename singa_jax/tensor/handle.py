@@ -25,6 +25,7 @@ from ..modes import in_compile_time_eval, is_grad_enabled
 from ..device import Device, get_default_device
 from ..dtypes import float32, to_dtype
 from ..xla_options import no_trace_running
+from ..replay import Deferred
 
 
 ShapeLike = Union[int, Sequence[int]]
@@ -232,7 +233,10 @@ class Tensor:
         hook = _current_hook()
         if hook is not None:
             hook.read(self)
-        return self._data
+        data = self._data
+        if type(data) is Deferred:  # recorded by eager replay: its segment runs now
+            data = self._data = data.get()
+        return data
 
     @array.setter
     def array(self, value: Any) -> None:
@@ -382,7 +386,7 @@ class Tensor:
     def __repr__(self) -> str:
         if isinstance(self._data, jax.core.Tracer):
             return f"Tensor(traced, shape={self.shape}, dtype={self.dtype})"
-        return f"Tensor({np.asarray(self._data)!r}, device={self.device})"
+        return f"Tensor({np.asarray(self.array)!r}, device={self.device})"
 
     def __hash__(self) -> int:  # Tensors are compared by identity in dicts/sets (like SINGA)
         return id(self)

@@ -1,0 +1,264 @@
+"""Eager mode's host cost: a dispatch-bound network (and, on an accelerator, SINGA's ResNet-50),
+singa_jax eager vs graph mode vs PyTorch eager (in its own process).
+
+Eager mode runs with replay (the default) and op by op (``autograd.eager_replay(False)``).
+
+``deep``: a SINGA Model of 100 x [Conv2d 8->8 3x3 pad 1, BatchNorm2d, ReLU] on one 8x8x8 image,
+then a Linear(10) and softmax cross-entropy, SGD with momentum. Its arithmetic is negligible, so
+a step's time is the host's work between the user's calls and the kernels: the per-operator
+host cost printed is (eager evaluation forward time) / (operators in it).
+
+``resnet50``: ``examples/cnn/model/resnet.py``'s ResNet-50 (batch ``--batch``, 224x224); slow on
+a CPU, meant for a GPU.
+
+Every timed step waits for ALL of its results (loss, parameters, buffers, optimizer slots); the
+evaluation forward waits for its output. Variants take turns in blocks; PyTorch runs in its own
+process, alternating with the JAX blocks. Medians are printed with the ratios. Usage::
+
+    python benchmarks/bench_eager.py [--nets deep,resnet50] [--steps 30] [--rounds 3]
+        [--batch 64] [--depth 100]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List
+
+import jax
+import numpy as np
+
+from singa_jax import autograd, device, layer, model, opt, tensor
+
+LR, MOMENTUM = 0.05, 0.9
+_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+class Deep(model.Model):
+    """``depth`` x [Conv2d(8, 8, 3, padding=1), BatchNorm2d(8), ReLU], Flatten, Linear(10)."""
+
+    def __init__(self, depth: int = 100, channels: int = 8):
+        super().__init__()
+        self.depth = depth
+        for i in range(depth):
+            setattr(self, f"conv{i}", layer.Conv2d(channels, channels, 3, padding=1))
+            setattr(self, f"bn{i}", layer.BatchNorm2d(channels))
+            setattr(self, f"relu{i}", layer.ReLU())
+        self.flatten = layer.Flatten()
+        self.fc = layer.Linear(10)
+        self.loss = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        for i in range(self.depth):
+            x = getattr(self, f"relu{i}")(getattr(self, f"bn{i}")(getattr(self, f"conv{i}")(x)))
+        return self.fc(self.flatten(x))
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        self.optimizer(loss)
+        return out, loss
+
+
+def _resnet50():
+    sys.path[:0] = [os.path.join(_EXAMPLES, "cnn"), _EXAMPLES]
+    from model import resnet  # SINGA's examples/cnn/model/resnet.py
+    return resnet.resnet50(num_classes=1000, num_channels=3)
+
+
+def _shape(net_kind: str, batch: int, depth: int) -> tuple:
+    return (1, 8, 8, 8) if net_kind == "deep" else (batch, 3, 224, 224)
+
+
+def build(net_kind: str, batch: int, depth: int, use_graph: bool, seed: int = 0):
+    device.get_default_device().SetRandSeed(seed)
+    net = Deep(depth) if net_kind == "deep" else _resnet50()
+    net.set_optimizer(opt.SGD(lr=LR, momentum=MOMENTUM))
+    net.compile([tensor.Tensor(_shape(net_kind, batch, depth))], is_train=True,
+                use_graph=use_graph)
+    return net
+
+
+def _state(net: model.Model) -> list:
+    return list(net.get_states().values()) + list(net.optimizer.get_states().values())
+
+
+def count_ops(net: model.Model, x: tensor.Tensor) -> int:
+    """Operators in one evaluation forward (counted from the creator graph of a training-mode
+    forward, which has the same operators)."""
+    autograd.training = True
+    try:
+        out = net.forward(x)
+    finally:
+        autograd.training = False
+    seen, todo = set(), [out.creator]
+    while todo:
+        op = todo.pop()
+        if op in seen or isinstance(op, autograd.Dummy):
+            continue
+        seen.add(op)
+        todo.extend(src for src, *_ in op.src)
+    return len(seen)
+
+
+# --- PyTorch, in its own process -------------------------------------------------------------
+def _torch_net(net_kind: str, depth: int):
+    import torch
+    nn = torch.nn
+    if net_kind == "deep":
+        blocks = []
+        for _ in range(depth):
+            blocks += [nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=0.1), nn.ReLU()]
+        return nn.Sequential(*blocks, nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+    import torchvision  # noqa: F401  (optional)
+    return torchvision.models.resnet50()
+
+
+def _torch_child(net_kind: str, batch: int, depth: int, steps: int) -> None:
+    try:
+        import torch
+        net = _torch_net(net_kind, depth)
+    except ImportError:
+        print(json.dumps(None))
+        return
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    net = net.to(dev)
+    sgd = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    shape = _shape(net_kind, batch, depth)
+    x = torch.randn(*shape, device=dev)
+    y = torch.randint(0, 10, (shape[0],), device=dev)
+
+    def train():
+        net.train()
+        sgd.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        sgd.step()
+        loss.item()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+
+    def evaluate():
+        net.eval()
+        with torch.no_grad():
+            out = net(x)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        return out
+
+    result = {}
+    for name, fn in (("train", train), ("eval", evaluate)):
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        result[name] = times
+    print(json.dumps(result))
+
+
+def torch_times(net_kind: str, batch: int, depth: int, steps: int) -> Dict[str, List[float]]:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-child", net_kind,
+                          "--batch", str(batch), "--depth", str(depth), "--steps", str(steps)],
+                         capture_output=True, text=True)
+    if out.returncode:
+        print(out.stderr[-2000:])
+        return {}
+    return json.loads(out.stdout.strip().splitlines()[-1]) or {}
+
+
+# --- timing ----------------------------------------------------------------------------------
+def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int) -> Dict[str, float]:
+    rng = np.random.default_rng(0)
+    shape = _shape(net_kind, batch, depth)
+    x = tensor.from_numpy(rng.standard_normal(shape).astype(np.float32))
+    y = tensor.from_numpy(rng.integers(0, 10, shape[0]).astype(np.int32))
+    eager, graph = build(net_kind, batch, depth, False), build(net_kind, batch, depth, True)
+    n_ops = count_ops(eager, x)
+    held = {}
+
+    def trainer(net: model.Model, key: str) -> Callable[[], None]:
+        def run():
+            net.train()
+            _, loss = net(x, y)
+            jax.block_until_ready([loss.array] + [t.array for t in held[key]])
+        return run
+
+    def evaluator(net: model.Model) -> Callable[[], None]:
+        def run():
+            net.eval()
+            jax.block_until_ready(net(x).array)
+        return run
+
+    def op_by_op(fn: Callable[[], None]) -> Callable[[], None]:
+        return autograd.eager_replay(False)(fn)
+
+    variants = {"eager train": trainer(eager, "eager"), "graph train": trainer(graph, "graph"),
+                "op-by-op train": op_by_op(trainer(eager, "eager")),
+                "eager eval": evaluator(eager), "graph eval": evaluator(graph),
+                "op-by-op eval": op_by_op(evaluator(eager))}
+    held["eager"], held["graph"] = _state(eager), _state(graph)
+    for fn in variants.values():
+        fn()
+    held["eager"], held["graph"] = _state(eager), _state(graph)  # now with the slots
+    for fn in variants.values():
+        for _ in range(2):
+            fn()
+    times: Dict[str, List[float]] = {k: [] for k in variants}
+    torch_t: Dict[str, List[float]] = {"train": [], "eval": []}
+    per_round = max(1, steps // rounds)
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+        for k, v in torch_times(net_kind, batch, depth, per_round).items():
+            torch_t[k] += v
+    if torch_t["train"]:
+        times["torch train"], times["torch eval"] = torch_t["train"], torch_t["eval"]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    dev = jax.devices()[0]
+    print(f"[{net_kind}] {dev.platform} ({dev.device_kind}); {n_ops} operators per forward")
+    for k, v in med.items():
+        print(f"[{net_kind}] {k:12s} median {v * 1e3:9.3f} ms")
+    print(f"[{net_kind}] host time per operator, eval forward: eager (replay) "
+          f"{med['eager eval'] / n_ops * 1e6:.1f} us, op by op "
+          f"{med['op-by-op eval'] / n_ops * 1e6:.1f} us")
+    print(f"[{net_kind}] eager / op-by-op: train {med['eager train'] / med['op-by-op train']:.2f}"
+          f"   eval {med['eager eval'] / med['op-by-op eval']:.2f}")
+    print(f"[{net_kind}] eager train / graph train = {med['eager train'] / med['graph train']:.2f}"
+          f"   graph train / eager train = {med['graph train'] / med['eager train']:.2f}")
+    if "torch train" in med:
+        print(f"[{net_kind}] torch eval: {med['torch eval'] / n_ops * 1e6:.1f} us per operator")
+        print(f"[{net_kind}] eager train / torch train = "
+              f"{med['eager train'] / med['torch train']:.2f}   eager eval / torch eval = "
+              f"{med['eager eval'] / med['torch eval']:.2f}")
+    return med
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nets", default="deep")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64, help="ResNet-50's batch")
+    ap.add_argument("--depth", type=int, default=100, help="blocks of the deep network")
+    ap.add_argument("--torch-child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.torch_child:
+        _torch_child(args.torch_child, args.batch, args.depth, args.steps)
+        return
+    print(f"jax {jax.__version__}; {jax.devices()[0]}")
+    for net_kind in args.nets.split(","):
+        bench(net_kind.strip(), args.batch, args.depth, args.steps, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
