@@ -34,6 +34,7 @@ present) is checked through the coordination service with a bounded time-out
 from __future__ import annotations
 
 import numbers
+import warnings
 from functools import partial
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -213,16 +214,20 @@ class DistOpt:
         return spmd.rank_values(arrays) if spmd is not None else list(arrays)
 
     def _eager_check(self, what: str) -> None:
-        """Training eagerly is one device per rank: refuse a rank with several local devices
-        (it would silently use one of them) and the sharded optimizer state (graph mode's)."""
+        """Training eagerly is one device per rank: a rank with several local devices computes
+        on one of them (the same update from the same rank batch; batch-norm statistics over
+        the whole rank batch) and is told once how to use them all; the sharded optimizer
+        state is graph mode's only."""
         if _SPMD_BODY.get() is not None:
             return
-        if self._cluster.num_local > 1:
-            raise RuntimeError(
+        if self._cluster.num_local > 1 and not self.__dict__.get("_warned_one_device"):
+            self._warned_one_device = True
+            warnings.warn(
                 f"DistOpt.{what}: eager training computes on one device per rank, but this rank "
-                f"has {self._cluster.num_local} local devices. Compile the model with "
+                f"has {self._cluster.num_local} local devices; compile the model with "
                 f"use_graph=True (one program over every device, the batch split between them), "
-                f"or start one process per device (JAX_LOCAL_DEVICE_IDS, one GPU per process).")
+                f"or start one process per device (JAX_LOCAL_DEVICE_IDS, one GPU per process) "
+                f"to use them all", RuntimeWarning, stacklevel=3)
         if self.shard_optimizer_state and self._spmd is not None:
             raise RuntimeError(f"DistOpt.{what}: shard_optimizer_state=True needs graph mode "
                                f"(model.compile(..., use_graph=True))")
