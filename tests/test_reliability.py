@@ -477,3 +477,31 @@ def test_save_killed_midway_leaves_no_temp_file_after_the_next_save(tmp_path):
     np.testing.assert_array_equal(checkpoint.read_states(target)[0]["w"], np.zeros(3))
     checkpoint.save_states(tmp_path / "other.zip", {"w": np.ones(3, np.float32)})
     assert sorted(os.listdir(tmp_path)) == ["model.zip", "other.zip"]
+
+
+def test_nonfinite_guard_of_many_parameters_runs_its_test_apart_and_decides_the_same():
+    """An eager update of more than update.SEPARATE_TEST_FROM parameters tests the gradients in
+    a kernel of its own (XLA:CPU compiles one program doing both superlinearly slowly): the
+    same update for finite gradients, nothing changed and the step counted for a NaN."""
+    from singa_jax.opt import update
+    n = update.SEPARATE_TEST_FROM + 4
+    rng = np.random.default_rng(0)
+    init = [rng.standard_normal((3, 2)).astype(np.float32) for _ in range(n)]
+    grads = [rng.standard_normal((3, 2)).astype(np.float32) for _ in range(n)]
+    params = [Tensor(data=a.copy(), stores_grad=True, name=f"p{i}") for i, a in enumerate(init)]
+    o = opt.SGD(lr=0.1, momentum=0.9)
+    o._apply_all([(p, Tensor(data=g, requires_grad=False)) for p, g in zip(params, grads)])
+    for p, a, g in zip(params, init, grads):  # first step: v = g, p -= lr * v
+        np.testing.assert_allclose(arr(p), a - 0.1 * g, rtol=1e-6)
+    after_one = [arr(p).copy() for p in params]
+    slots = {k: arr(v).copy() for k, v in o.get_states().items()}
+    bad = [g.copy() for g in grads]
+    bad[n - 1][1, 1] = np.inf
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        o._apply_all([(p, Tensor(data=g, requires_grad=False)) for p, g in zip(params, bad)])
+    for p, a in zip(params, after_one):
+        np.testing.assert_array_equal(arr(p), a)
+    for k, v in o.get_states().items():
+        np.testing.assert_array_equal(arr(v), slots[k], err_msg=k)
+    assert arr(o.skipped_steps).tolist() == [1]

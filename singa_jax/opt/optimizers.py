@@ -23,11 +23,13 @@ from ..device import Device
 from ..dtypes import is_inexact
 from ..modes import current_trace_hook
 from ..tensor import Tensor
+from .. import replay
 from .schedules import _HYPER_SPECS, DecayScheduler, _advance, _as_schedule, _eval_schedules
 
 
 from .update import (UpdateRule, _adagrad_rule, _adam_rule, _advance_unless_skipped,
-                     _fused_update, _rmsprop_rule, _sgd_rule)
+                     _fused_update, _rmsprop_rule, _sgd_rule, SEPARATE_TEST_FROM,
+                     _finite_test)
 
 
 class NonFiniteStepWarning(RuntimeWarning):
@@ -424,6 +426,7 @@ class Optimizer:
         unless graph mode is tracing (whose hook must see every read and write)."""
         if not triples:
             return
+        replay.flush()  # the arrays are read directly below: nothing may be pending
         self._warn_skipped_steps()
         for name, p, g in triples:  # validate everything before any state changes
             self._check_pair(name, p, g)
@@ -461,11 +464,15 @@ class Optimizer:
                 s = dev.put(step)
                 c = tuple(dev.put(a) for a in checked)
                 skip_state = None if skip_state is None else dev.put(skip_state)
+            grads = [read(triples[i][2]) for i in idx]
+            ok = None
+            if guard and field == "_data" and len(idx) > SEPARATE_TEST_FROM:
+                ok = _finite_test(grads + list(c))  # eagerly, many arrays: see update.py
             new_ps, new_slots, new_skip = _fused_update(
                 type(self)._rule, self._config(), self._decay_on(), schedules, h, s,
-                [read(triples[i][1]) for i in idx], [read(triples[i][2]) for i in idx],
+                [read(triples[i][1]) for i in idx], grads,
                 [tuple(map(read, slot_tensors[i])) for i in idx], guard, c, skip_state,
-                field == "array")  # traced: graph mode's step, whose state is donated
+                field == "array", ok=ok)  # traced: graph mode's step, whose state is donated
             for i, np_, nss in zip(idx, new_ps, new_slots):
                 setattr(triples[i][1], field, np_)
                 for t, a in zip(slot_tensors[i], nss):

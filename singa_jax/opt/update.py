@@ -60,6 +60,20 @@ def _adam_rule(config, h, step, p, g, slots):
     return p - h["lr"] * m_hat / (jnp.sqrt(v_hat) + h["epsilon"]), (m, v)
 
 
+# An eager update of more parameters than this runs the non-finite test as a kernel of its own
+# and passes its result in: XLA:CPU's compile time grows superlinearly when one program both sums
+# every gradient and selects every parameter and slot on the result (measured: 200 arrays 40-70 s,
+# 400 arrays of a 100-block CNN ~5 min; with the result an input, 200 arrays 1.7 s). Below it the
+# one kernel is kept: a second dispatch would cost a small model's step more than it saves.
+SEPARATE_TEST_FROM = 48
+
+
+@jax.jit
+def _finite_test(arrays: List[jax.Array]) -> jax.Array:
+    """:func:`_all_finite` as a kernel of its own (see :data:`SEPARATE_TEST_FROM`)."""
+    return _all_finite(arrays)
+
+
 # arrays from this size on are summed by a matrix-vector product (see _all_finite)
 _SUM_BY_PRODUCT_SIZE = 1 << 14
 
@@ -94,7 +108,7 @@ def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
                   step: jax.Array, params: List[jax.Array], grads: List[jax.Array],
                   slots: List[Tuple[jax.Array, ...]], guard: bool, checked: Tuple[jax.Array, ...],
                   skip_state: Optional[Tuple[jax.Array, jax.Array, jax.Array]],
-                  in_place: bool = True):
+                  in_place: bool = True, ok: Optional[jax.Array] = None):
     """One kernel updating every parameter of a step.
 
     Hyper-parameters with a pure schedule are evaluated here at ``step`` (the value SINGA keeps
@@ -108,7 +122,8 @@ def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
     back unchanged, and the guard's state ``skip_state`` (fields: ``optimizers._SKIP_FIELDS``)
     comes back counted; without ``guard`` it is returned as given. No host sync. ``in_place``
     says the params and slots are donated (graph mode's program), which decides how the step
-    is skipped.
+    is skipped. ``ok``: the non-finite test's result when the caller computed it (see
+    :data:`SEPARATE_TEST_FROM`; ``checked`` is then not read).
     """
     step_counter = step
     hyper = {**{name: sched.value(step) for name, sched in schedules}, **hyper}
@@ -131,7 +146,8 @@ def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
     if not guard:
         new_params, new_slots = update()
         return new_params, new_slots, skip_state
-    ok = _all_finite(list(grads) + list(checked))
+    if ok is None:
+        ok = _all_finite(list(grads) + list(checked))
     # In graph mode's program (``in_place``: the params and slots are donated) a cond, not
     # where(ok, new, old) per array: the update runs in place inside the taken branch, where a
     # select keeps every old value alive next to its new one (XLA then copies each slot that
