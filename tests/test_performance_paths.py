@@ -447,9 +447,9 @@ _GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 # An eager training loop on a 784x1024 layer: prints the page faults per step
 # after a warm-up and whether singa_jax pinned the thresholds. The first op's kernel is compiled
-# for the CPU, which is when singa_jax pins them. The walk goes op by op: a fresh buffer for
-# each pullback's result (a fused walk makes fewer: 147 faults per step without the pinned
-# thresholds, 76 with them, measured).
+# for the CPU, which is when singa_jax pins them. Forward and walk go op by op: a fresh buffer
+# for each kernel's result (a fused walk makes fewer: 147 faults per step without the pinned
+# thresholds, 76 with them, measured; eager replay's one forward program changes the count too).
 _FAULTS_PER_STEP = """
 import resource
 import numpy as np
@@ -461,7 +461,7 @@ w = tensor.from_numpy(rng.standard_normal((784, 1024)).astype(np.float32) * 0.01
 w.requires_grad = w.stores_grad = True
 sgd = opt.SGD(lr=0.01, momentum=0.9)
 def step():
-    with autograd.fused_backward(False):
+    with autograd.fused_backward(False), autograd.eager_replay(False):
         sgd(autograd.reduce_mean(autograd.relu(autograd.matmul(x, w))))
     w.array.block_until_ready()
 for _ in range(10):

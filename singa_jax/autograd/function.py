@@ -231,7 +231,11 @@ class Function(Operator):
                 ys, vjp, new_state = _forward_vjp(type(self).fn, static, diff + extras,
                                                   len(writes), args, device)
                 self._vjp, self._diff = vjp, diff
-                self._deferred = type(ys if not isinstance(ys, tuple) else ys[0]) is Deferred
+                # recorded, or run on recorded inputs (the pullback keeps them): Deferred
+                # leaves to compute before a backward
+                self._deferred = device is not None and (
+                    type(ys if not isinstance(ys, tuple) else ys[0]) is Deferred
+                    or any(type(x) is Deferred for x in args))
                 # a direct SINGA-style backward may still ask for the skipped inputs' gradients
                 self._all_inputs = None if every is None else (args, every + extras)
                 if not all(diff):  # shapes of the inputs that get no gradient

@@ -193,6 +193,8 @@ class Tensor:
             arr = data.array
         elif isinstance(data, CTensor):
             arr = data._array
+        elif type(data) is Deferred:  # a value eager replay recorded: computed now
+            arr = data.get()
         elif _is_array(data):
             arr = data
         else:
