@@ -166,6 +166,11 @@ class Operator(Node):
     def backward(self, *dys):
         raise NotImplementedError
 
+    def keeps_backward_state(self) -> bool:
+        """Whether ``backward`` can run from what the forward kept (True unless an op says
+        otherwise: a Function that ran outside training mode kept no pullback)."""
+        return True
+
     def pullback_step(self) -> Optional[Tuple[Callable, Any, Any, Tuple[bool, ...]]]:
         """This op's backward as data, for a fused walk: ``(pull, spec, state, gives)`` where
         ``pull(spec, state, dys, apply)`` is a pure function (``spec`` hashable, ``state`` a
@@ -198,7 +203,7 @@ def infer_dependency(op: Operator) -> Tuple[Counter, Counter]:
     return Counter(op_count), Counter(tensor_count)
 
 
-def _uses(ops: Sequence[Operator], every_tensor: bool = False
+def _uses(ops: Sequence[Operator], every_tensor: bool = False, tracked_walk: bool = False
           ) -> Tuple[Dict[Node, int], Dict[Tuple[Node, int], int]]:
     """For the graph ending at ``ops``: how many uses each node's outputs have, and how many
     uses each output ``(node, id(tensor))`` has -- only outputs of nodes with several outputs
@@ -217,7 +222,7 @@ def _uses(ops: Sequence[Operator], every_tensor: bool = False
         for src_op, xid, _, _ in cur.src:
             # an op needing no grad never runs backward: its inputs get nothing through it, so
             # counting them would leave their gradients waiting forever
-            if src_op not in seen and src_op.requires_grad:
+            if src_op not in seen and _walks_into(src_op, tracked_walk):
                 seen.add(src_op)
                 found.append(src_op)
             node_uses[src_op] = node_uses.get(src_op, 0) + 1
@@ -279,9 +284,14 @@ def _unit_gradient(shape: Tuple[int, ...], dtype: Any) -> jax.Array:
     return g
 
 
-def _walks_into(creator: Node) -> bool:
-    """Whether backward runs ``creator``'s backward (an operator that recorded a gradient)."""
-    return creator.requires_grad and not isinstance(creator, Dummy)
+def _walks_into(creator: Node, tracked_walk: bool = False) -> bool:
+    """Whether backward runs ``creator``'s backward (an operator that recorded a gradient). In a
+    walk from a PyTorch-style (tracked) root, PyTorch's rule: an operator that no tracked tensor
+    depends on and that kept no backward state (it ran outside training mode, e.g. a reshape of
+    a plain input) is not entered -- its inputs get no gradient through it, as in PyTorch."""
+    if not creator.requires_grad or isinstance(creator, Dummy):
+        return False
+    return not tracked_walk or creator.tracked or creator.keeps_backward_state()
 
 
 def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool = True,
@@ -332,8 +342,9 @@ def _walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Te
           add: Callable[[Any, Any], Any] = operator.add) -> Iterator[Tuple[Tensor, Any, str]]:
     """The walk itself, for any gradient values: ``run(op, dys)`` returns op's input gradients
     (None where there is none) for its outputs' gradients ``dys``; ``add`` sums two."""
-    ops = list({y.creator: None for y, _ in roots if _walks_into(y.creator)})
-    node_uses, tensor_uses = _uses(ops)
+    tracked = any(y.tracked for y, _ in roots)  # a PyTorch-style walk (see _walks_into)
+    ops = list({y.creator: None for y, _ in roots if _walks_into(y.creator, tracked)})
+    node_uses, tensor_uses = _uses(ops, tracked_walk=tracked)
     not_ready: Dict[Node, list] = {}  # node -> gradients of its outputs summed so far
     for y, g in roots:  # a root may also be used by another root's graph: sum, then wait
         grads = not_ready.setdefault(y.creator, [None] * len(y.creator.y_id2idx))
@@ -351,7 +362,7 @@ def _walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Te
                 y.creator.grad_name(y.creator.y_id2idx[id(y)])
     for creator in list(not_ready):
         if node_uses.get(creator, 0) == 0:
-            if _walks_into(creator):
+            if _walks_into(creator, tracked):
                 ready.append((creator, not_ready[creator]))
             del not_ready[creator]
     while ready:
@@ -384,7 +395,7 @@ def _walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Te
                 elif wanted and (src_op, x_id) in wanted:
                     yield wanted[src_op, x_id], grads[y_idx], src_op.grad_name(y_idx)
             if node_left == 0:
-                if _walks_into(src_op):
+                if _walks_into(src_op, tracked):
                     ready.append((src_op, grads))
                 del not_ready[src_op]
 

@@ -284,6 +284,9 @@ class Function(Operator):
         # the pullback is kept: the graph may be back-propagated again (release() drops it)
         return _pull((self._diff, self._out, self._several_outputs), vjp, dys)
 
+    def keeps_backward_state(self) -> bool:
+        return self._vjp is not None or type(self).backward is not Function.backward
+
     def pullback_step(self):
         if self._vjp is None or not self.backward_is_pullback:
             return None
