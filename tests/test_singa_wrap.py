@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from backend_precision import matmul_tolerance
 from singa_jax import autograd, tensor
 from singa_jax import singa_wrap as sw
 from singa_jax.autograd import nn
@@ -293,18 +294,20 @@ def test_random_fills_use_the_device_key():
 def test_blas_and_matrix_functions():
     A, B = RNG.normal(size=(2, 3)).astype(np.float32), RNG.normal(size=(3, 4)).astype(np.float32)
     C0 = RNG.normal(size=(2, 4)).astype(np.float32)
-    np.testing.assert_allclose(npa(sw.Mult(ct(A), ct(B))), A @ B, rtol=1e-5)
-    np.testing.assert_allclose(npa(sw.Mult(ct(A), ct(B[:, 0]))), A @ B[:, 0], rtol=1e-5)
+    # Mult is a matmul: TF32 on a GPU by default, against NumPy's float32 products
+    np.testing.assert_allclose(npa(sw.Mult(ct(A), ct(B))), A @ B, **matmul_tolerance(1e-5))
+    np.testing.assert_allclose(npa(sw.Mult(ct(A), ct(B[:, 0]))), A @ B[:, 0],
+                               **matmul_tolerance(1e-5))
     C = ct(C0)
     sw.Mult(2.0, ct(A), ct(B), 0.5, C)  # the GEMM form
-    np.testing.assert_allclose(npa(C), 2 * A @ B + 0.5 * C0, rtol=1e-5)
+    np.testing.assert_allclose(npa(C), 2 * A @ B + 0.5 * C0, **matmul_tolerance(1e-5))
     sw.MultWithScale(1.0, ct(A), ct(B), 0.0, C)
-    np.testing.assert_allclose(npa(C), A @ B, rtol=1e-5)
+    np.testing.assert_allclose(npa(C), A @ B, **matmul_tolerance(1e-5))
     sw.Mult(ct(A), ct(B), C)
-    np.testing.assert_allclose(npa(C), A @ B, rtol=1e-5)
+    np.testing.assert_allclose(npa(C), A @ B, **matmul_tolerance(1e-5))
     batched = RNG.normal(size=(5, 2, 3)).astype(np.float32), RNG.normal(size=(5, 3, 2)).astype(np.float32)
     np.testing.assert_allclose(npa(sw.Mult(ct(batched[0]), ct(batched[1]))),
-                               batched[0] @ batched[1], rtol=1e-5)
+                               batched[0] @ batched[1], **matmul_tolerance(1e-5))
     y = ct(C0)
     sw.Axpy(3.0, ct(A @ B), y)
     np.testing.assert_allclose(npa(y), C0 + 3 * (A @ B), rtol=1e-5)

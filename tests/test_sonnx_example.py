@@ -6,6 +6,8 @@ import sys
 import numpy as np
 import pytest
 
+from backend_precision import matmul_tolerance
+
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("sklearn")
@@ -29,4 +31,4 @@ def test_onnx_example_quick(tmp_path, capsys):
     assert (tmp_path / "m.onnx").exists()
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
     diff = float(capsys.readouterr().out.split("max |diff| = ")[1].split()[0])
-    assert diff < 1e-4
+    assert diff < matmul_tolerance(0.0, 1e-4)["atol"]  # onnxruntime's products vs ours (TF32 on GPU)
