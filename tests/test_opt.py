@@ -392,9 +392,9 @@ def test_one_kernel_launch_per_step(monkeypatch):
     calls = []
     real = opt.optimizers._fused_update
 
-    def counting(*args):
+    def counting(*args, **kwargs):
         calls.append(len(args[6]))  # the list of params
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(opt.optimizers, "_fused_update", counting)  # the name Optimizer calls
     params = make_params()

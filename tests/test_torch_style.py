@@ -424,3 +424,34 @@ def test_no_grad_inside_and_outside_graph_mode():
     for k in finals["plain"]:  # the penalty changed nothing, compiled or not
         np.testing.assert_allclose(finals["eager"][k], finals["plain"][k], rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(finals["graph"][k], finals["plain"][k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_backward_does_not_enter_operators_no_tracked_tensor_depends_on(fused):
+    """SINGA's seed tutorial (cells 5-7): x untracked and reshaped outside training mode, w and
+    b tracked; the walk from the tracked loss must not enter the reshape (which kept no
+    backward state), as PyTorch never enters an operator no tracked tensor depends on. The
+    gradients equal jax.grad's, eagerly and on a repeated (fused) walk."""
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((5, 3)).astype(np.float32)
+    b0 = rng.standard_normal(3).astype(np.float32)
+    x = tensor.ones((5,))
+    assert x.requires_grad and not x.tracked  # SINGA's default flags
+    w = tensor.Tensor(data=w0.copy()).requires_grad_()
+    b = tensor.Tensor(data=b0.copy()).requires_grad_()
+
+    def loss_of(w_, b_):
+        z = jnp.ones((1, 5)) @ w_ + b_
+        return jnp.mean(z * z)
+
+    want_w, want_b = jax.grad(loss_of, argnums=(0, 1))(w0, b0)
+    with autograd.fused_backward(fused):
+        for _ in range(3):  # the second and third walks recur (fused when it is on)
+            w.grad = b.grad = None
+            z = autograd.matmul(autograd.reshape(x, (1, 5)), w) + b
+            loss = autograd.reduce_mean(z * z)
+            loss.backward(retain_graph=True)
+            np.testing.assert_allclose(tensor.to_numpy(w.grad), want_w,
+                                       **matmul_tolerance(1e-6))
+            np.testing.assert_allclose(tensor.to_numpy(b.grad), want_b,
+                                       **matmul_tolerance(1e-6))
