@@ -1,4 +1,5 @@
-"""Time one training step: singa_jax graph mode vs eager mode vs a hand-written ``jax.jit`` step
+"""Time one training step: singa_jax graph mode vs eager mode (with eager replay, the default, and
+op by op) vs a hand-written ``jax.jit`` step
 (vs PyTorch eager where installed), on SINGA's MLP (784-256-10) and LeNet CNN
 (examples/cnn/model/cnn.py), batch 64, SGD with momentum.
 
@@ -35,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from singa_jax import device, layer, model, opt, tensor
+from singa_jax import autograd, device, layer, model, opt, tensor
 
 LR, MOMENTUM = 0.05, 0.9
 DEFAULT_STEPS = {"mlp": 600, "cnn": 60}
@@ -260,7 +261,8 @@ def bench(kind: str, batch: int, steps: int, rounds: int) -> Dict[str, float]:
           f"{first:.3f}s ({runner.trace_count} trace(s), {runner.compile_count} XLA compile(s)), "
           f"second call {second * 1e3:.1f} ms; hand-written jax.jit first call {jax_first:.3f}s")
 
-    variants = {"graph": graph_step, "eager": eager_step, "jax.jit": jax_step,
+    variants = {"graph": graph_step, "eager": eager_step,
+                "eager op-by-op": autograd.eager_replay(False)(eager_step), "jax.jit": jax_step,
                 "graph unguarded": bare_step, "jax.jit guarded": jax_step_guarded}
     for fn in variants.values():  # warm-up
         for _ in range(3):
@@ -284,6 +286,8 @@ def bench(kind: str, batch: int, steps: int, rounds: int) -> Dict[str, float]:
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in med.items():
         print(f"[{kind}] {k:16s} median {v * 1e3:8.3f} ms/step")
+    print(f"[{kind}] eager (replay) / eager op-by-op = "
+          f"{med['eager'] / med['eager op-by-op']:.3f}")
     print(f"[{kind}] graph / jax.jit = {med['graph'] / med['jax.jit']:.3f}   "
           f"eager / jax.jit = {med['eager'] / med['jax.jit']:.3f}")
     print(f"[{kind}] same work: graph / jax.jit guarded = "

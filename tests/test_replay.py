@@ -12,6 +12,13 @@ from singa_jax import autograd, device, layer, model, opt, replay, tensor
 RTOL, ATOL = 1e-6, 1e-6  # float32, XLA:CPU: fused program vs one kernel per operator
 
 
+@pytest.fixture(autouse=True)
+def record_every_sequence(monkeypatch):
+    """These small programs' sequences are shorter than replay.MIN_RECORDS: record them anyway
+    (test_only_long_sequences_are_recorded checks the default)."""
+    monkeypatch.setattr(replay, "MIN_RECORDS", 1)
+
+
 class Net(model.Model):
     """Three [Conv2d, BatchNorm2d, ReLU] blocks, Flatten, Linear: BatchNorm writes its running
     statistics (a declared write) on every training step."""
@@ -194,3 +201,30 @@ def test_failed_step_leaves_every_tensor_as_it_was():
         net(x, bad_y)
     for k, v in net.get_states().items():
         np.testing.assert_array_equal(tensor.to_numpy(v), states[k], err_msg=k)
+
+
+def test_only_long_sequences_are_recorded(monkeypatch):
+    """With the default threshold a short sequence runs op by op from then on (on a CPU its
+    kernels overlap with the Python of the next ops) and a long one is recorded again."""
+    monkeypatch.setattr(replay, "MIN_RECORDS", 8)
+    x = tensor.from_numpy(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))
+
+    def chain(n):
+        y = x
+        for _ in range(n):
+            y = autograd.tanh(y)
+        replay.flush()  # a sequence boundary, as a Model call's end or a backward is
+        return y
+
+    chain(12)  # a long sequence: the kernel is known and the next sequence is recorded
+    for n, recorded in ((12, True), (3, True), (3, False), (12, False), (12, True)):
+        # a short sequence turns recording off for the next; a long one, run at once, turns it
+        # back on
+        before = replay.stats()["recorded"]
+        y = chain(n)
+        assert (replay.stats()["recorded"] > before) is recorded, (n, recorded)
+        want = np.asarray(x.array)
+        for _ in range(n):
+            want = np.tanh(want)
+        # (XLA's float32 tanh against NumPy's, twelve times over: 1e-5)
+        np.testing.assert_allclose(tensor.to_numpy(y), want, rtol=1e-5)
