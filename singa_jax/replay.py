@@ -33,6 +33,7 @@ it a kernel ``call`` and its static arguments.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -69,12 +70,20 @@ COMPILE_ON = 2
 class Deferred:
     """The value of a recorded kernel output: its aval now, its array once its segment flushed."""
 
-    __slots__ = ("aval", "shape", "dtype", "ndim", "size", "segment", "index", "value")
+    __slots__ = ("aval", "shape", "dtype", "segment", "index", "value")
 
     def __init__(self, aval: Any, segment: "_Segment", index: int):
+        # (the aval's own size/ndim properties are slow: hundreds of us for a pullback's avals)
         self.aval, self.shape, self.dtype = aval, aval.shape, aval.dtype
-        self.ndim, self.size = aval.ndim, aval.size
         self.segment, self.index, self.value = segment, index, None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
 
     @property
     def weak_type(self) -> bool:
