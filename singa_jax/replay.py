@@ -107,7 +107,7 @@ class _Segment:
 
     def __init__(self, device: Any):
         self.device = device
-        self.calls: List[Tuple[Callable, Tuple, Tuple, Any]] = []  # (call, statics, refs, treedef)
+        self.calls: List[Tuple[Callable, Tuple, Tuple]] = []  # (call, statics, input refs)
         self.keys: List[Tuple] = []
         self.externals: List[jax.Array] = []
         self.leaves: List[Deferred] = []
@@ -176,14 +176,15 @@ _local = _Local()
 _ENV_OFF = os.environ.get("SINGA_JAX_EAGER_REPLAY", "1").lower() in ("0", "false", "off", "no")
 
 
-def _active() -> bool:
+def active() -> bool:
+    """Whether an operator called now may be recorded (replay on, no trace running)."""
     return (not _ENV_OFF and is_eager_replay() and current_trace_hook() is None
             and not in_compile_time_eval() and no_trace_running())
 
 
 def _op_by_op(calls: Sequence[Tuple], externals: Sequence[jax.Array]) -> List[jax.Array]:
     values: List[jax.Array] = []
-    for call, statics, refs, _ in calls:
+    for call, statics, refs in calls:
         args = [externals[r] if r >= 0 else values[~r] for r in refs]
         values.extend(jax.tree_util.tree_leaves(call(*statics, *args)))
     return values
@@ -192,18 +193,13 @@ def _op_by_op(calls: Sequence[Tuple], externals: Sequence[jax.Array]) -> List[ja
 def _compile(segment: _Segment) -> Any:
     """The segment's kernels as one jitted program of its external inputs, returning every
     output leaf of every kernel in order."""
-    calls = [(call, statics, refs) for call, statics, refs, _ in segment.calls]
+    calls = list(segment.calls)
 
     def program(*externals):
-        return _op_by_op([c + (None,) for c in calls], externals)
+        return _op_by_op(calls, externals)
 
     _stats["compiled"] += 1
     return jax.jit(program)
-
-
-def active() -> bool:
-    """Whether an operator called now may be recorded (replay on, no trace running)."""
-    return _active()
 
 
 def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any:
@@ -211,7 +207,7 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
     run before on inputs of the same shapes and dtypes. ``args`` are arrays or
     :class:`Deferred` values; ``statics`` are hashable; ``device`` is the inputs' Device (None:
     never record). Returns the kernel's output pytree, with Deferred leaves when recorded."""
-    if device is None or not _active():
+    if device is None or not active():
         return call(*statics, *resolve_all(args))
     if not _local.recording:  # short sequences run at once (see MIN_RECORDS)
         _local.ran += 1
@@ -219,9 +215,7 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
     avals = []
     for a in args:
         kind = type(a)
-        if kind is Deferred:
-            avals.append(a.aval)
-        elif kind is _ArrayImpl:
+        if kind is Deferred or kind is _ArrayImpl:
             avals.append(a.aval)
         else:  # a tracer, a NumPy array, a host value: not replayable
             return call(*statics, *resolve_all(args))
@@ -257,7 +251,7 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
     start = len(leaves)
     outs = [Deferred(aval, segment, start + i) for i, aval in enumerate(out_avals)]
     leaves.extend(outs)
-    segment.calls.append((call, statics, tuple(refs), treedef))
+    segment.calls.append((call, statics, tuple(refs)))
     segment.keys.append((call, statics, tuple(ref_key)))
     _stats["recorded"] += 1
     if len(segment.calls) >= MAX_RECORDS:
