@@ -20,6 +20,11 @@
   (eager MLP step 2.1 -> 1.2 ms).
 * A program that will run only once (its trace met new state, so the next call retraces) is
   compiled without the backend's expensive optimisations: compiling is then most of its cost.
+* Under JAX's own ``jax_disable_most_optimizations`` (``JAX_DISABLE_MOST_OPTIMIZATIONS=1``: a
+  program's compile time matters more than its run time, as in a test suite or a debugging
+  session), every program on CPU is compiled as that one-off one is, with XLA's library fusions
+  off as well (``COMPILE_FIRST_OPTIONS``): a small convolution's forward-and-pullback kernel
+  compiles in 120 ms instead of 0.9 s. Only speed changes, never what a program computes.
 
 An option the installed jaxlib does not know (an experimental flag renamed or removed) is left
 out: each option is probed once per platform by compiling a trivial program with it, so no
@@ -27,6 +32,7 @@ error message is ever parsed.
 """
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 
@@ -35,7 +41,8 @@ import jax.numpy as jnp
 
 from . import host_memory
 
-__all__ = ["compile_options", "called_functions", "kernel", "no_trace_running", "platform_of"]
+__all__ = ["compile_options", "compile_time_first", "called_functions", "kernel", "no_trace_running",
+           "platform_of"]
 
 # Each CPU option with its values, best first: the first one this jaxlib accepts is used.
 CPU_OPTIONS: Dict[str, Tuple[Any, ...]] = {
@@ -59,6 +66,20 @@ CPU_STEP_OPTIONS: Dict[str, Tuple[Tuple[Any, ...], Tuple[str, ...]]] = {
 }
 ONE_OFF_OPTIONS: Dict[str, Any] = {"xla_backend_optimization_level": 0,
                                    "xla_llvm_disable_expensive_passes": True}
+# What every CPU program takes under jax_disable_most_optimizations (see the module docstring):
+# YNNPACK's fusions cost compile time that a program run a few times never wins back.
+COMPILE_FIRST_OPTIONS: Dict[str, Tuple[Any, ...]] = {
+    "xla_cpu_experimental_ynn_fusion_type": ("",),
+}
+
+
+def compile_time_first() -> bool:
+    """Whether JAX was told to spend as little as it can on compiling
+    (``jax_disable_most_optimizations``)."""
+    try:
+        return bool(jax.config.read("jax_disable_most_optimizations"))
+    except (AttributeError, KeyError):  # a JAX that moved it: its environment variable
+        return os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS", "").lower() in ("1", "true")
 
 
 @lru_cache(maxsize=None)
@@ -77,10 +98,16 @@ def compile_options(platform: str, one_off: bool = False, program: Any = None,
     """The options for a program on ``platform`` ('cpu', 'gpu', 'tpu'): the CPU ones (never on
     another backend; an eager kernel's when ``eager``), those of a compiled step when
     ``program`` (its ``jax.stages.Lowered``) is given and calls none of the functions that make
-    them slower, plus the cheap-compile ones for a program that runs once; only those this
-    jaxlib supports."""
+    them slower, plus the cheap-compile ones for a program that runs once (every program, with
+    no library fusions, under ``jax_disable_most_optimizations``); only those this jaxlib
+    supports."""
     options: Dict[str, Any] = {}
-    if platform == "cpu":
+    if compile_time_first():
+        one_off = True
+        if platform == "cpu":
+            host_memory.tune()
+            _choose(options, platform, COMPILE_FIRST_OPTIONS)
+    elif platform == "cpu":
         host_memory.tune()  # XLA:CPU's buffers are host allocations (see host_memory)
         _choose(options, platform, CPU_KERNEL_OPTIONS if eager else CPU_OPTIONS)
         called = None if program is None else called_functions(program)
@@ -138,16 +165,18 @@ def kernel(fun: Optional[Callable] = None, **jit_kwargs: Any) -> Callable:
     if fun is None:
         return lambda f: kernel(f, **jit_kwargs)
     plain = jax.jit(fun, **jit_kwargs)
-    tuned = None
+    tuned: Dict[bool, Callable] = {}  # by compile_time_first(): a program follows the flag
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        nonlocal tuned
         if not no_trace_running():
             return plain(*args, **kwargs)
-        if tuned is None:
+        first = compile_time_first()
+        jitted = tuned.get(first)
+        if jitted is None:
             options = compile_options(jax.default_backend(), eager=True)
-            tuned = jax.jit(fun, compiler_options=options, **jit_kwargs) if options else plain
-        return tuned(*args, **kwargs)
+            jitted = tuned[first] = (jax.jit(fun, compiler_options=options, **jit_kwargs)
+                                     if options else plain)
+        return jitted(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = getattr(fun, "__name__", "kernel")
     call.__doc__ = fun.__doc__

@@ -6,7 +6,14 @@ import sys
 import numpy as np
 import pytest
 
-import backend_precision
+# The tests check what programs compute, never how fast they run, and most programs here run a
+# few times: compile each for compile time (JAX's jax_disable_most_optimizations, which singa_jax
+# extends with no XLA:CPU library fusions; see singa_jax.xla_options). Set before JAX is imported,
+# so processes the tests start inherit it; JAX_DISABLE_MOST_OPTIMIZATIONS=0 tests the optimised
+# programs instead.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
+import backend_precision  # noqa: E402
 
 if backend_precision.emulating_tf32():  # the CPU proxy of a GPU run (see backend_precision)
     backend_precision.install_tf32_emulation()

@@ -209,7 +209,10 @@ def _check_exported(net, optimizer, batch, results) -> str:
     return text
 
 
-@pytest.mark.parametrize("name", ["cnn", "resnet", "xceptionnet"])
+# Xception's step takes minutes on 2 cores (-m slow); its depthwise convolution's lowering is
+# checked below on its own
+@pytest.mark.parametrize("name", ["cnn", "resnet",
+                                  pytest.param("xceptionnet", marks=pytest.mark.slow)])
 def test_cnn_example_step_lowers_for_gpu_and_tpu(examples, name):
     net, sgd, batch, results = _cnn_step(examples["train_cnn"], name)
     assert np.isfinite(tensor.to_numpy(results[1])).all()

@@ -86,7 +86,37 @@ def test_overlapping_pooling_keeps_the_general_lowering():
 
 
 # --- compile options -------------------------------------------------------------------------
-def test_compile_options_are_cpu_only():
+@pytest.fixture
+def optimizing_compiles():
+    """The options chosen when compile time does not come first (the suite's conftest turns
+    jax_disable_most_optimizations on)."""
+    saved = xla_options.compile_time_first()
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", saved)
+
+
+def test_compile_time_first_compiles_every_cpu_program_as_a_one_off(optimizing_compiles):
+    """Under jax_disable_most_optimizations every CPU program, eager kernel or step, gets the
+    one-off options and no library fusions; the flag is read at each choice."""
+    name = "xla_cpu_experimental_ynn_fusion_type"
+    if not xla_options.supported("cpu", name, ""):
+        pytest.skip("this jaxlib does not know the YNNPACK fusion type option")
+    assert not xla_options.compile_time_first()
+    assert not set(xla_options.ONE_OFF_OPTIONS) & set(xla_options.compile_options("cpu"))
+    jax.config.update("jax_disable_most_optimizations", True)
+    assert xla_options.compile_time_first()
+    for kind in ({}, {"eager": True}, {"one_off": True}):
+        options = xla_options.compile_options("cpu", **kind)
+        assert options[name] == "" and set(xla_options.ONE_OFF_OPTIONS) <= set(options)
+    assert name not in xla_options.compile_options("gpu")
+    f = jax.jit(lambda v: v @ v.T + 1)
+    x = jnp.arange(6.0).reshape(2, 3)
+    compiled = f.lower(x).compile(xla_options.compile_options("cpu", eager=True))
+    np.testing.assert_allclose(np.asarray(compiled(x)), np.asarray(x) @ np.asarray(x).T + 1)
+
+
+def test_compile_options_are_cpu_only(optimizing_compiles):
     assert xla_options.compile_options("cpu") == {"xla_cpu_experimental_ynn_fusion_type": ""}
     if any(d.platform == "gpu" for d in jax.devices()):  # pragma: no cover (GPU machines)
         assert "xla_cpu_experimental_ynn_fusion_type" not in xla_options.compile_options("gpu")
@@ -94,7 +124,7 @@ def test_compile_options_are_cpu_only():
     assert set(xla_options.ONE_OFF_OPTIONS) <= set(one_off)
 
 
-def test_eager_kernels_take_ynnpack_for_single_dots_only():
+def test_eager_kernels_take_ynnpack_for_single_dots_only(optimizing_compiles):
     """An eager kernel is one op: YNNPACK's dot (faster on the MLP's products), never its
     convolution fusions; a jaxlib without that fusion type gets none at all."""
     name = "xla_cpu_experimental_ynn_fusion_type"
@@ -105,14 +135,14 @@ def test_eager_kernels_take_ynnpack_for_single_dots_only():
         assert name not in xla_options.compile_options("gpu", eager=True)
 
 
-def test_an_option_the_compiler_does_not_know_is_left_out(monkeypatch):
+def test_an_option_the_compiler_does_not_know_is_left_out(monkeypatch, optimizing_compiles):
     monkeypatch.setitem(xla_options.CPU_OPTIONS, "xla_cpu_no_such_option_for_tests", ("",))
     assert xla_options.supported("cpu", "xla_cpu_experimental_ynn_fusion_type", "")
     assert not xla_options.supported("cpu", "xla_cpu_no_such_option_for_tests", "")
     assert "xla_cpu_no_such_option_for_tests" not in xla_options.compile_options("cpu")
 
 
-def test_an_option_takes_its_first_accepted_value(monkeypatch):
+def test_an_option_takes_its_first_accepted_value(monkeypatch, optimizing_compiles):
     """A value this jaxlib refuses (a fusion type it does not know) falls back to the next."""
     name = "xla_cpu_experimental_ynn_fusion_type"
     monkeypatch.setitem(xla_options.CPU_OPTIONS, name, ("LIBRARY_FUSION_TYPE_NO_SUCH", ""))
@@ -143,7 +173,12 @@ def test_a_step_without_depthwise_convolutions_takes_the_step_options(group):
                                         .array).reshape(())) for _ in range(3)])
         if use_graph:
             used = net._graph_runner.last_compile_options[name]
-            assert used == ("" if group == 8 else values[0])
+            # (under compile-time-first, as in this suite, every program has YNNPACK off: the
+            # choice is made without running a program, so no flag is flipped to test it)
+            chosen = xla_options.compile_options("cpu", program=jax.jit(
+                lambda v: v).lower(jnp.ones(2)))[name]
+            assert chosen == ("" if xla_options.compile_time_first() else values[0])
+            assert used == ("" if group == 8 else chosen)
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
     assert losses[0][-1] < losses[0][0]
 

@@ -57,7 +57,9 @@ def _build(which: str):
     return cnn_model("xceptionnet").create_model(num_channels=3, input_size=99), (1, 3, 99, 99)
 
 
-@pytest.mark.parametrize("which", ["cnn", "mlp", "resnet", "xceptionnet"])
+# Xception's eager forward and import compile ~150 kernels each: minutes on 2 cores (-m slow)
+@pytest.mark.parametrize("which", ["cnn", "mlp", "resnet",
+                                   pytest.param("xceptionnet", marks=pytest.mark.slow)])
 def test_example_model_round_trip(which, rng):
     saved = autograd.training
     autograd.training = False
