@@ -32,7 +32,6 @@ error message is ever parsed.
 """
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 
@@ -78,8 +77,8 @@ def compile_time_first() -> bool:
     (``jax_disable_most_optimizations``)."""
     try:
         return bool(jax.config.read("jax_disable_most_optimizations"))
-    except (AttributeError, KeyError):  # a JAX that moved it: its environment variable
-        return os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS", "").lower() in ("1", "true")
+    except (AttributeError, KeyError):  # a JAX without the flag: compile as usual
+        return False
 
 
 @lru_cache(maxsize=None)
@@ -102,20 +101,17 @@ def compile_options(platform: str, one_off: bool = False, program: Any = None,
     no library fusions, under ``jax_disable_most_optimizations``); only those this jaxlib
     supports."""
     options: Dict[str, Any] = {}
-    if compile_time_first():
-        one_off = True
-        if platform == "cpu":
-            host_memory.tune()
-            _choose(options, platform, COMPILE_FIRST_OPTIONS)
-    elif platform == "cpu":
+    first = compile_time_first()
+    if platform == "cpu":
         host_memory.tune()  # XLA:CPU's buffers are host allocations (see host_memory)
-        _choose(options, platform, CPU_KERNEL_OPTIONS if eager else CPU_OPTIONS)
-        called = None if program is None else called_functions(program)
+        _choose(options, platform, COMPILE_FIRST_OPTIONS if first else
+                CPU_KERNEL_OPTIONS if eager else CPU_OPTIONS)
+        called = None if program is None or first else called_functions(program)
         if called is not None:
             _choose(options, platform, {
                 name: values for name, (values, unless) in CPU_STEP_OPTIONS.items()
                 if not any(word in f for f in called for word in unless)})
-    if one_off:
+    if one_off or first:
         options.update((k, v) for k, v in ONE_OFF_OPTIONS.items() if supported(platform, k, v))
     return options
 
