@@ -31,13 +31,8 @@ NOT_IN_TABLE = {
     r"test_matmulinteger": "MatMulInteger is not in the op table (SINGA's file excludes it too)",
 }
 
-_LOW_BIT = ("the importer does not implement ONNX's 8-, 4- and 2-bit element types (float8, "
-            "float4, int4, int2, e8m0) or their saturating / rounding casts; JAX has array "
-            "types for them (ml_dtypes), so this is work not done, not a limit")
 #: regex on the test name -> why the test is not run
 EXCLUDED = {
-    r"test_cast.*(FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2|E8M0)": _LOW_BIT,
-    r"test_castlike.*(FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2|E8M0)": _LOW_BIT,
     r"_string": "string tensors",
     r"test_identity_(sequence|opt)": "sequence and optional types",
     r"test_training_dropout(?!_zero_ratio)": "random masks cannot equal the reference's",
@@ -108,3 +103,94 @@ def test_singas_selection_runs_here_or_is_excluded():
     # SINGA's names miss Conv's tests (it skips them) and Pad's (test_constant_pad, ...); this
     # file runs those too (test_every_mapped_op_has_node_tests)
     assert set(SingaBackend._rename_operators) - covered == {"Conv", "Pad"}
+
+
+# ------------------------------------------------------------------------------------------
+# ONNX's low-bit Cast rules against NumPy / ml_dtypes numbers (the node tests above run only
+# with SONNX_BACKEND_FULL=1 beyond one per op; these run by default)
+# ------------------------------------------------------------------------------------------
+ml_dtypes = pytest.importorskip("ml_dtypes")
+np = pytest.importorskip("numpy")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+_F8 = {TensorProto.FLOAT8E4M3FN: ml_dtypes.float8_e4m3fn,
+       TensorProto.FLOAT8E4M3FNUZ: ml_dtypes.float8_e4m3fnuz,
+       TensorProto.FLOAT8E5M2: ml_dtypes.float8_e5m2,
+       TensorProto.FLOAT8E5M2FNUZ: ml_dtypes.float8_e5m2fnuz}
+#: beyond every float8 range, +/-Inf, NaN, values that round (RNE) and -0
+_WIDE = np.array([1e6, -1e6, np.inf, -np.inf, 500.0, -449.0, 464.0, 300.0, 0.3, 1e-7, -0.0,
+                  np.nan], np.float32)
+
+
+def _cast_node(x, opset=25, **attrs):
+    node = helper.make_node("Cast", ["x"], ["y"], **attrs)
+    return SingaBackend.run_node(node, [x], opset_version=opset)["y"]
+
+
+def _bits(a):
+    return np.asarray(a).view(np.uint8)
+
+
+@pytest.mark.parametrize("to", sorted(_F8))
+@pytest.mark.parametrize("src", [np.float32, np.float16])
+def test_saturating_float8_cast_matches_ml_dtypes(to, src):
+    """saturate=1 (the default): out-of-range values and +/-Inf become +/-max (448 for E4M3FN,
+    240 E4M3FNUZ, 57344 E5M2 and E5M2FNUZ), NaN stays NaN; bit for bit ml_dtypes'
+    ``clip(x, -max, max).astype(float8)``. A plain conversion gives NaN or Inf instead."""
+    dt = _F8[to]
+    with np.errstate(over="ignore"):
+        x = _WIDE.astype(src)
+    big = float(ml_dtypes.finfo(dt).max)
+    want = np.clip(x, -big, big).astype(dt)
+    got = _cast_node(x, to=to)
+    assert got.dtype == np.dtype(dt)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    assert got[0] == big and got[3] == -big and np.isnan(got[-1].astype(np.float32))
+
+
+@pytest.mark.parametrize("to", sorted(_F8))
+def test_non_saturating_float8_cast_overflows(to):
+    """saturate=0: the plain conversion -- E5M2 overflows to +/-Inf, the others to NaN."""
+    dt = _F8[to]
+    got = _cast_node(_WIDE, to=to, saturate=0)
+    np.testing.assert_array_equal(_bits(got), _bits(_WIDE.astype(dt)))
+    want_big = np.inf if to == TensorProto.FLOAT8E5M2 else np.nan
+    np.testing.assert_equal(got[:3].astype(np.float32), [want_big, -want_big, want_big]
+                            if want_big == np.inf else [np.nan] * 3)
+
+
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("mode", ["up", "down", "nearest"])
+def test_e8m0_cast_rounds_as_onnx(mode, saturate):
+    """float8e8m0 by ``round_mode`` and ``saturate``, bit for bit onnx.numpy_helper's
+    to_float8e8m0 (the node tests use only ``up``)."""
+    x = np.array([0.0, 0.124, 0.25, 0.5, 0.75, 1.1, 1.5, 3.0, 2.0 ** 127 * 1.5, 3e38, 1e-40,
+                  np.nan, np.inf], np.float32)
+    got = _cast_node(x, to=TensorProto.FLOAT8E8M0, round_mode=mode, saturate=saturate)
+    want = numpy_helper.to_float8e8m0(x, bool(saturate), mode)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def test_sub_byte_int_casts_wrap_and_unpack():
+    """float -> int4/uint4/int2/uint2 truncates and keeps the low bits (ml_dtypes' rule: -9 ->
+    int4 7, 15 -> int4 -1, 2.7 -> 2); the 4- and 2-bit results come back as ml_dtypes arrays and
+    cast back to int8."""
+    x = np.array([-9, -8, -2.7, -1, 0, 2.7, 7, 8, 15], np.float32)
+    for to, dt in [(TensorProto.INT4, ml_dtypes.int4), (TensorProto.UINT4, ml_dtypes.uint4),
+                   (TensorProto.INT2, ml_dtypes.int2), (TensorProto.UINT2, ml_dtypes.uint2)]:
+        got = _cast_node(x, to=to)
+        assert got.dtype == np.dtype(dt)
+        np.testing.assert_array_equal(got.astype(np.int8), x.astype(dt).astype(np.int8))
+        back = _cast_node(got, to=TensorProto.INT8)
+        np.testing.assert_array_equal(back, x.astype(dt).astype(np.int8))
+
+
+def test_castlike_uses_casts_rules():
+    """CastLike to a float8 like-tensor saturates as Cast does (saturate defaults to 1)."""
+    like = np.zeros(1, ml_dtypes.float8_e4m3fn)
+    for saturate, want in [(1, [448.0, -448.0]), (0, [np.nan, np.nan])]:
+        node = helper.make_node("CastLike", ["x", "like"], ["y"], saturate=saturate)
+        got = SingaBackend.run_node(node, [np.array([1e6, -np.inf], np.float32), like],
+                                    opset_version=25)["y"]
+        np.testing.assert_equal(got.astype(np.float32), want)

@@ -1,8 +1,9 @@
 """ONNX import: an ONNX model becomes ONE pure JAX function, run as one singa_jax operator.
 
 ``prepare(model)`` checks the model (``onnx.checker``), looks every node up in the op table
-(:mod:`singa_jax.sonnx.ops`, :mod:`singa_jax.sonnx.nn_ops`) and rejects, before anything runs,
-an op type, attribute or attribute value it cannot run, naming the node, op type and opset.
+(:mod:`singa_jax.sonnx.ops`, :mod:`singa_jax.sonnx.nn_ops`, :mod:`singa_jax.sonnx.cast_ops`) and
+rejects, before anything runs, an op type, attribute or attribute value it cannot run, naming
+the node, op type and opset.
 It sorts the initializers: float ones feeding computations become trainable parameters (singa_jax
 Tensors named as in the ONNX file), batch-norm statistics become states, and everything else
 (integer tensors, shapes, axes, scales...) stays a NumPy constant. Values computed only from
@@ -32,6 +33,7 @@ from ..autograd.function import _pullback  # the eager ops' pullback kernel
 from ..layer.base import Layer
 from ..xla_options import kernel
 from . import nn_ops  # noqa: F401 (registers the nn family in OPS)
+from .cast_ops import LOW_BIT_TYPES  # (and registers Cast, CastLike in OPS)
 from .frontend import make_model_at_opset
 from .ops import OPS, NodeCall, OpSpec, UnsupportedOnnx, jax_dtype
 from .singa_names import RENAME_OPERATORS
@@ -49,6 +51,8 @@ NP_TYPE_TO_SINGA_SUPPORT_TYPE: Dict[np.dtype, Optional[np.dtype]] = {
     np.dtype("uint64"): np.dtype("uint32"), np.dtype("bool"): np.dtype("bool"),
     np.dtype("complex64"): np.dtype("complex64"), np.dtype("complex128"): np.dtype("complex64"),
     np.dtype(jnp.bfloat16): np.dtype(jnp.bfloat16), np.dtype("object"): None,
+    # ONNX's float8, float4, int4 and int2 types: JAX arrays of ml_dtypes' types, as they are
+    **{dt: dt for dt in LOW_BIT_TYPES},
 }
 
 # ops whose outputs are known before running whatever their inputs are (they read shapes only)

@@ -13,7 +13,8 @@ decide output shapes, which XLA must know while compiling. The function returns 
 tuple (one per ONNX output).
 
 This file holds the infrastructure and the elementwise, shape and reduction families;
-:mod:`singa_jax.sonnx.nn_ops` holds convolution, pooling, normalisation, resizing and RNNs.
+:mod:`singa_jax.sonnx.nn_ops` holds convolution, pooling, normalisation, resizing and RNNs;
+:mod:`singa_jax.sonnx.cast_ops` holds Cast and CastLike (with ONNX's 8-, 4- and 2-bit types).
 """
 from __future__ import annotations
 
@@ -671,26 +672,6 @@ def _constant_of_shape(call, shape):
     return np.full(dims, arr.reshape(-1)[0], arr.dtype)
 
 
-def _cast(call, x):
-    to = jax_dtype(call.attr("to"))
-    if isinstance(x, np.ndarray):  # a constant keeps 64-bit ints (shape arithmetic)
-        return x.astype(helper.tensor_dtype_to_np_dtype(call.attr("to")))
-    return x.astype(to)
-
-
-def _castlike(call, x, like):
-    return x.astype(like.dtype)
-
-
-def _check_cast(call):
-    to = call.attr("to")
-    try:
-        dt = np.dtype(helper.tensor_dtype_to_np_dtype(to))
-    except Exception:  # noqa: BLE001 (onnx raises several kinds for unknown types)
-        return f"target type {to}"
-    return f"target type {dt} (strings are not supported)" if dt.kind in "OSU" else None
-
-
 def _range(call, start, limit, delta):
     s, l_, d = (np.asarray(v).reshape(()) for v in (start, limit, delta))
     return np.arange(s, l_, d).astype(np.result_type(s, l_, d))
@@ -744,9 +725,6 @@ register("Constant", _constant, attrs=("value", "value_float", "value_floats", "
          check=_check_constant, doc="a constant tensor")
 register("ConstantOfShape", _constant_of_shape, attrs=("value",), static=(0,),
          doc="a tensor of a given shape filled with value")
-register("Cast", _cast, attrs=("to", "saturate", "round_mode"), check=_check_cast,
-         doc="convert the element type")
-register("CastLike", _castlike, attrs=("saturate", "round_mode"), doc="cast to another's type")
 register("Range", _range, static=(0, 1, 2), doc="arithmetic sequence (constant inputs)")
 register("OneHot", _onehot, attrs=("axis",), static=(1,), const=(2,),
          doc="one-hot along axis with (off, on) values")
@@ -763,7 +741,7 @@ register("TopK", _topk, attrs=("axis", "largest", "sorted"), static=(1,),
 def op_table_rows() -> Sequence[Tuple[str, str, str, str]]:
     """(op type, attributes, inputs that must be constants, summary) for every supported op,
     sorted by op type."""
-    from . import nn_ops  # noqa: F401 (registers the nn family)
+    from . import cast_ops, nn_ops  # noqa: F401 (register the cast and nn families)
     rows = []
     for name in sorted(OPS):
         spec = OPS[name]
