@@ -16,6 +16,12 @@ alternating with the JAX blocks, so a noisy shared machine affects every variant
 are reported, with the ratios the performance page quotes. Usage::
 
     python benchmarks/bench_train_step.py [--steps N] [--batch 64] [--nets mlp,cnn] [--rounds 3]
+                                          [--autocast bfloat16|float16]
+
+``--autocast DTYPE`` runs every variant in mixed precision: the singa_jax models compiled with
+``autocast=DTYPE``, the hand-written steps computing their products in DTYPE from float32
+parameters (logits cast to float32 for the loss), PyTorch under ``torch.autocast`` (float16
+without a GradScaler: the step time, not the numbers, is compared).
 
 ``--steps`` (per variant, over all rounds) defaults to 600 for the MLP (a ~1 ms step, where a
 few microseconds of noise are a visible ratio) and 60 for the CNN.
@@ -39,6 +45,7 @@ import numpy as np
 from singa_jax import autograd, device, layer, model, opt, tensor
 
 LR, MOMENTUM = 0.05, 0.9
+AUTOCAST = None  # --autocast: the compute dtype's name, or None (float32)
 DEFAULT_STEPS = {"mlp": 600, "cnn": 60}
 # Steps each JAX variant runs back to back before the next variant's turn. A training loop runs
 # one model's steps back to back; interleaving single steps billed each variant the others'
@@ -96,7 +103,9 @@ def make_jax_step(apply: Callable, guarded: bool = False):
     default ``skip_nonfinite`` does (a cond on the finiteness of the sum of every gradient)."""
 
     def loss_fn(params, x, y):
-        logp = jax.nn.log_softmax(apply(params, x))
+        if AUTOCAST is not None:  # products in the compute dtype, float32 master parameters
+            params, x = [p.astype(AUTOCAST) for p in params], x.astype(AUTOCAST)
+        logp = jax.nn.log_softmax(apply(params, x).astype(jnp.float32))
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
 
     def update(params, moments, grads):
@@ -136,13 +145,17 @@ def torch_step_fn(kind: str, batch: int):
         net = nn.Sequential(nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2),
                             nn.Conv2d(20, 50, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                             nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10))
+    where = "cuda" if torch.cuda.is_available() else "cpu"
+    net = net.to(where)
     sgd = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
     shape = (batch, 784) if kind == "mlp" else (batch, 1, 28, 28)
-    x, y = torch.randn(*shape), torch.randint(0, 10, (batch,))
+    x, y = torch.randn(*shape, device=where), torch.randint(0, 10, (batch,), device=where)
+    cast = getattr(torch, AUTOCAST) if AUTOCAST else None
 
     def step():
         sgd.zero_grad()
-        loss = nn.functional.cross_entropy(net(x), y)
+        with torch.autocast(where, dtype=cast, enabled=cast is not None):
+            loss = nn.functional.cross_entropy(net(x), y)
         loss.backward()
         sgd.step()
         return loss.item()
@@ -168,7 +181,8 @@ def _torch_child(kind: str, batch: int, steps: int) -> None:
 def torch_times(kind: str, batch: int, steps: int) -> List[float]:
     """Step times of PyTorch in a fresh process ([] when torch is not installed)."""
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-child", kind,
-                          "--batch", str(batch), "--steps", str(steps)],
+                          "--batch", str(batch), "--steps", str(steps)]
+                         + (["--autocast", AUTOCAST] if AUTOCAST else []),
                          capture_output=True, text=True, check=True)
     times = json.loads(out.stdout.strip().splitlines()[-1])
     return times or []
@@ -181,7 +195,7 @@ def build(kind: str, batch: int, use_graph: bool, seed: int = 0, guarded: bool =
     net.set_optimizer(opt.SGD(lr=LR, momentum=MOMENTUM))
     net.optimizer.skip_nonfinite = guarded
     shape = (batch, 784) if kind == "mlp" else (batch, 1, 28, 28)
-    net.compile([tensor.Tensor(shape)], is_train=True, use_graph=use_graph)
+    net.compile([tensor.Tensor(shape)], is_train=True, use_graph=use_graph, autocast=AUTOCAST)
     return net, shape
 
 
@@ -307,12 +321,17 @@ def main() -> None:
     ap.add_argument("--nets", default="mlp,cnn")
     ap.add_argument("--rounds", type=int, default=3,
                     help="JAX blocks alternating with PyTorch processes")
+    ap.add_argument("--autocast", choices=["bfloat16", "float16"], default=None,
+                    help="mixed precision in every variant (see the module doc)")
     ap.add_argument("--torch-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global AUTOCAST
+    AUTOCAST = args.autocast
     if args.torch_child:
         _torch_child(args.torch_child, args.batch, args.steps)
         return
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; batch {args.batch}")
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; batch {args.batch}"
+          + (f"; autocast {AUTOCAST}" if AUTOCAST else ""))
     for kind in args.nets.split(","):
         kind = kind.strip()
         steps = args.steps or DEFAULT_STEPS[kind]

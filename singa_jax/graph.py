@@ -38,10 +38,11 @@ What is state
 What retraces
     The cache key is (method, training flag, the pytree structure and shapes/dtypes of the tensor
     arguments, the values of the non-tensor arguments, the identity/shape/dtype of every state
-    tensor, the devices, the float32 matmul precision in force (:mod:`.precision`), and what
-    the caller says the program bakes in: a Model's optimizers' schedules and switches). A new
-    batch size, a new static argument, a replaced or reshaped parameter, a new learning-rate
-    schedule, a new precision, or newly discovered state gives a new program; programs live in
+    tensor, the devices, the float32 matmul precision and the autocast dtype in force
+    (:mod:`.precision`, ``autograd.autocast``), and what the caller says the program bakes in:
+    a Model's optimizers' schedules and switches). A new batch size, a new static argument, a
+    replaced or reshaped parameter, a new learning-rate schedule, a new precision, or newly
+    discovered state gives a new program; programs live in
     the :class:`GraphRunner` owned by each Model.
 
 What is not allowed
@@ -70,7 +71,7 @@ from .autograd.engine import Dummy
 from .graph_layout import Layout, StepLowering, birth_values
 from .xla_options import compile_options, platform_of
 from .precision import float32_matmul_precision
-from .modes import TraceHook, current_trace_hook, trace_hook
+from .modes import TraceHook, autocast_dtype, current_trace_hook, trace_hook
 from .tensor import Tensor
 
 __all__ = ["GraphRunner", "GraphModeError", "tensors_in", "NOT_CACHED"]
@@ -367,7 +368,8 @@ class GraphRunner:
         step is traced again."""
         leaves, arg_tree, arg_sig, arrays = _call_signature(args, kwargs, self.owner_name, name)
         key = (name, training, arg_tree, arg_sig, self._state_ids(declared_state),
-               device_mod.all_devices(), static, float32_matmul_precision())
+               device_mod.all_devices(), static, float32_matmul_precision(),
+               autocast_dtype())
         return leaves, arg_tree, arrays, key
 
     def _rekeyed(self, key: Tuple, state: List[Tensor]) -> Any:

@@ -39,6 +39,7 @@ import numpy as np
 
 from . import autograd, checkpoint, checks, modes, opt, replay
 from . import device as device_mod
+from .autograd.mixed_precision import compute_dtype
 from .graph import NOT_CACHED, GraphRunner, tensors_in
 from .layer.base import Layer, LayerMeta, concrete_initialization
 from .opt.dist import spmd_of
@@ -52,6 +53,7 @@ __all__ = ["ModelMeta", "Model"]
 # steps, when it is computed by then (see Optimizer._report_skipped_steps); the warning comes
 # that late at most.
 _SKIP_REPORT_EVERY = 16
+_NO_SCOPE = contextlib.nullcontext()
 
 
 def _leads_with_tensor(args: Sequence[Any]) -> bool:
@@ -110,10 +112,11 @@ class Model(Layer, metaclass=ModelMeta):
         self._buffered = False
         self._results = None
         self._graph_runner = GraphRunner(type(self).__name__)
+        self._autocast = None  # the compute dtype of compile(autocast=...)
 
     # --- set-up --------------------------------------------------------------------------------
     def compile(self, inputs: Sequence[Tensor], is_train: bool = True, use_graph: bool = False,
-                sequential: bool = False) -> None:
+                sequential: bool = False, autocast: Any = None) -> None:
         """Initialise every layer from the placeholder ``inputs`` and choose the mode.
 
         Args:
@@ -121,6 +124,11 @@ class Model(Layer, metaclass=ModelMeta):
             is_train: enter training (True) or evaluation mode.
             use_graph: compile each ``train_one_batch`` / evaluation call into one XLA program.
             sequential: accepted for SINGA compatibility (XLA schedules the operators).
+            autocast: ``'bfloat16'`` or ``'float16'``: every call of the model (training and
+                evaluation, eager and graph mode) runs inside ``autograd.autocast`` of that
+                dtype -- products in half precision, parameters and optimizer slots float32,
+                float16 with dynamic loss scaling (see docs/mixed_precision.md). None (the
+                default): the dtypes of the inputs and parameters, as in SINGA.
 
         The placeholders run through ``forward`` once in evaluation mode, which creates every
         parameter (as SINGA's buffered-and-discarded forward does) without touching batch-norm
@@ -133,10 +141,13 @@ class Model(Layer, metaclass=ModelMeta):
             if not isinstance(x, Tensor):
                 raise TypeError(f"{type(self).__name__}.compile: input {i} must be a Tensor, got "
                                 f"{type(x).__name__}")
+        compute = compute_dtype(autocast, f"{type(self).__name__}.compile")
+        self._autocast = compute
         prev = autograd.training
         autograd.training = False
         try:
-            _initialize(self, inputs)
+            with modes.autocast_mode(compute) if compute is not None else _NO_SCOPE:
+                _initialize(self, inputs)
         finally:
             autograd.training = prev
         self.train(is_train)
@@ -197,6 +208,12 @@ class Model(Layer, metaclass=ModelMeta):
         (whatever other threads set), compiled when ``graph``, and as a transaction -- if it
         raises, every parameter, buffer, optimizer state and device key is what it was before
         (see :mod:`singa_jax.transaction`)."""
+        if self._autocast is not None:  # the whole call, graph mode's key included
+            with modes.autocast_mode(self._autocast):
+                return self._run_step(fn, name, args, kwargs, graph)
+        return self._run_step(fn, name, args, kwargs, graph)
+
+    def _run_step(self, fn: Callable, name: str, args: tuple, kwargs: dict, graph: bool) -> Any:
         replay.flush()  # every state Tensor holds an array when the step starts
         declared, static, optimizers = self._declared_state()
         if not graph:

@@ -23,7 +23,7 @@ import jax
 
 __all__ = ["is_training", "set_training", "training_mode", "is_grad_enabled",
            "set_grad_enabled", "no_grad", "enable_grad", "is_backward_fused", "fused_backward",
-           "is_eager_replay", "eager_replay",
+           "is_eager_replay", "eager_replay", "autocast_dtype", "autocast_mode",
            "TraceHook", "current_trace_hook", "trace_hook", "traced_keys", "compile_time_eval",
            "in_compile_time_eval"]
 
@@ -174,6 +174,28 @@ class eager_replay(_ScopedFlag):
 
     def __init__(self, enabled: bool = True):
         super().__init__(enabled)
+
+
+# --- autocast ----------------------------------------------------------------------------------
+_AUTOCAST: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar(
+    "singa_jax.autocast", default=None)
+
+
+def autocast_dtype() -> Optional[Any]:
+    """The compute dtype of the autocast block in force (a NumPy dtype: bfloat16 or float16), or
+    None outside one (see ``singa_jax.autograd.mixed_precision``)."""
+    return _AUTOCAST.get()
+
+
+class autocast_mode(_ScopedFlag):
+    """The autocast compute dtype ``dtype`` (None: no autocast) inside the block or the decorated
+    function (this thread only). ``autograd.autocast`` is the public, validating spelling."""
+
+    var = _AUTOCAST
+
+    def __init__(self, dtype: Optional[Any]):
+        super().__init__()
+        self.mode = dtype
 
 
 # --- concrete evaluation inside a trace -------------------------------------------------------

@@ -80,6 +80,19 @@ def test_train_cnn_quick(tmp_path):
     assert arrays['conv1.W'].shape == (20, 1, 5, 5)
 
 
+def test_train_cnn_autocast_keeps_float32_checkpoints(tmp_path):
+    """--autocast bfloat16: the loss falls and the checkpoint holds float32 weights and a
+    float32 optimizer state (master weights)."""
+    ckpt = str(tmp_path / 'cnn.zip')
+    history = run_example('cnn/train_cnn.py', ['cnn', 'mnist', '--quick', '--graph',
+                                               '--autocast', 'bfloat16', '-c', ckpt])
+    assert_falls(history['losses'], 'train_cnn cnn --autocast bfloat16')
+    with zipfile.ZipFile(ckpt) as archive:
+        arrays = np.load(io.BytesIO(archive.read('tensor_dict.npz')))
+        floats = {k: a.dtype for k, a in arrays.items() if a.dtype.kind in 'fV'}
+    assert floats and set(floats.values()) == {np.dtype(np.float32)}, floats
+
+
 def test_train_cnn_resume(tmp_path):
     """--resume restores the weights, the optimizer and the epoch (eager mode, mlp model,
     CIFAR-shaped default data)."""

@@ -208,7 +208,8 @@ def test_wanted_intermediates_match_the_op_by_op_walk(counted):
     for got, want in zip(results[2], results[0]):
         np.testing.assert_allclose(got, want, **matmul_tolerance(1e-6, 1e-7))
     m = np.tanh(a["x"] @ a["w"])
-    np.testing.assert_allclose(results[2][0], 2 * m, **matmul_tolerance(1e-6))
+    # XLA:CPU's tanh is a rational approximation: up to ~1e-5 relative from NumPy's near 0
+    np.testing.assert_allclose(results[2][0], 2 * m, **matmul_tolerance(1e-5, 1e-7))
 
 
 class _StraightThrough(Function):

@@ -118,7 +118,7 @@ def _share(a: np.ndarray, rank: int, world_size: int) -> np.ndarray:
 
 def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data, sgd, graph,
         verbosity, dist_option='plain', spars=None, precision='float32', data_dir=None,
-        checkpoint=None, resume=False, quick=False):
+        checkpoint=None, resume=False, quick=False, autocast=None):
     """SINGA's ``run`` for one process; returns the history (per-step losses, per-epoch
     training loss/accuracy and test accuracy)."""
     dev = pick_device(local_rank)
@@ -154,7 +154,7 @@ def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data,
     idx = np.arange(train_x.shape[0], dtype=np.int32)
 
     net.set_optimizer(sgd)
-    net.compile([tx], is_train=True, use_graph=graph, sequential=False)
+    net.compile([tx], is_train=True, use_graph=graph, sequential=False, autocast=autocast)
     dev.SetVerbosity(verbosity)
 
     first_epoch = 0
@@ -203,12 +203,21 @@ def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data,
     return history
 
 
+def add_autocast_argument(parser):
+    """``--autocast bfloat16|float16``: mixed precision with float32 master weights (see
+    docs/mixed_precision.md); ``-p float16`` is SINGA's float16 model instead."""
+    parser.add_argument('--autocast', choices=['bfloat16', 'float16'], default=None,
+                        help='compute products in this dtype, parameters float32 (float16: '
+                        'with loss scaling)')
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='Training using the autograd and graph.')
     parser.add_argument('model', nargs='?', choices=sorted(MODELS), default='cnn')
     parser.add_argument('data', nargs='?', choices=DATASETS, default='mnist')
     parser.add_argument('-p', choices=['float32', 'float16'], default='float32',
                         dest='precision')
+    add_autocast_argument(parser)
     parser.add_argument('-m', '--max-epoch', default=None, type=int,
                         help=f'maximum epochs (default {DEFAULT_EPOCHS}; '
                         f'{QUICK_EPOCHS} with --quick)',
@@ -251,7 +260,7 @@ def main(argv=None):
     return run(0, 1, args.device_id, args.max_epoch, args.batch_size, args.model, args.data,
                sgd, args.graph, args.verbosity, precision=args.precision,
                data_dir=args.data_dir, checkpoint=args.checkpoint, resume=args.resume,
-               quick=args.quick)
+               quick=args.quick, autocast=args.autocast)
 
 
 if __name__ == '__main__':

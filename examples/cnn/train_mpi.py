@@ -28,7 +28,7 @@ def main(argv=None):
                          args.model, args.data, sgd, args.graph, args.verbosity,
                          args.dist_option, args.spars, args.precision, data_dir=args.data_dir,
                          checkpoint=args.checkpoint if sgd.global_rank == 0 else None,
-                         quick=args.quick)
+                         quick=args.quick, autocast=args.autocast)
 
 
 if __name__ == '__main__':

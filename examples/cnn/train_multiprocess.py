@@ -36,7 +36,7 @@ def run(args, local_rank, world_size, nccl_id):
                   args.model, args.data, sgd, args.graph, args.verbosity, args.dist_option,
                   args.spars, args.precision, data_dir=args.data_dir,
                   checkpoint=args.checkpoint if sgd.global_rank == 0 else None,
-                  quick=args.quick)
+                  quick=args.quick, autocast=args.autocast)
 
 
 def parse_args(argv=None):
@@ -44,6 +44,7 @@ def parse_args(argv=None):
     parser.add_argument('model', nargs='?', choices=sorted(train_cnn.MODELS), default='cnn')
     parser.add_argument('data', nargs='?', choices=train_cnn.DATASETS, default='mnist')
     parser.add_argument('-p', choices=['float32', 'float16'], default='float32', dest='precision')
+    train_cnn.add_autocast_argument(parser)
     parser.add_argument('-m', '--max-epoch', default=None, type=int, dest='max_epoch',
                         help='maximum epochs')
     parser.add_argument('-b', '--batch-size', default=64, type=int, dest='batch_size',

@@ -23,6 +23,9 @@ from .nn import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
 from .torch_style import (grad, no_grad, enable_grad, set_grad_enabled,  # noqa: F401
                           is_grad_enabled)
+from .mixed_precision import autocast, declare_policy as _declare_policy  # noqa: F401
+
+_declare_policy()  # which op classes compute in half precision under autocast
 
 
 

@@ -33,13 +33,14 @@ import numpy as np
 
 from ..ctensor import CTensor, as_array
 from ..device import get_default_device
-from ..modes import is_training
+from ..modes import autocast_dtype, is_training
 from .. import replay
 from ..replay import Deferred
 from ..tensor import Tensor
 from ..dtypes import is_inexact
 from ..xla_options import kernel
 from . import residuals
+from .mixed_precision import cast_kernel
 from .engine import Operator, fill_like
 
 __all__ = ["Function", "InvalidInput", "TensorArgsOp", "NonDifferentiable", "make_function", "functional",
@@ -171,6 +172,8 @@ class Function(Operator):
 
     # whether the class declares state (overrides reads, writes or needs_key); set per class
     _declares_state = False
+    # the class's autocast category (see .mixed_precision; None: its inputs' dtypes, always)
+    autocast_policy: Optional[str] = None
     # whether ``backward`` is the forward's pullback, so a fused walk may run it as data
     # (``pullback_step``); a class overriding backward with another gradient is not, unless
     # it says so
@@ -222,13 +225,19 @@ class Function(Operator):
         static = self._static
         if static is None:
             static = self._static = _static_key(self.static)
+        fn = type(self).fn
+        if self.autocast_policy is not None:
+            compute = autocast_dtype()
+            if compute is not None:  # the kernel casts its inputs (see .mixed_precision)
+                fn = cast_kernel(fn, self.autocast_policy, compute, len(xs))
+            self._fn = fn  # what the pullback and an export of this call see
         try:
             # backward state is kept in training mode, or whatever the mode when an input
             # depends on a PyTorch-style leaf (``self.tracked``, see autograd.torch_style)
             if self.requires_grad and (self.tracked or is_training()):
                 diff, every = self._differentiated(xs)
                 extras = (False,) * (len(args) - len(xs))
-                ys, vjp, new_state = _forward_vjp(type(self).fn, static, diff + extras,
+                ys, vjp, new_state = _forward_vjp(fn, static, diff + extras,
                                                   len(writes), args, device)
                 self._vjp, self._diff = vjp, diff
                 # recorded, or run on recorded inputs (the pullback keeps them): Deferred
@@ -245,7 +254,7 @@ class Function(Operator):
                 else:
                     self._out, self._several_outputs = ((ys.shape, ys.dtype),), False
             else:
-                ys, new_state = _split_state(replay.run(_forward, (type(self).fn, static), args,
+                ys, new_state = _split_state(replay.run(_forward, (fn, static), args,
                                                         device), len(writes))
         except (TypeError, ValueError) as e:
             raise _op_error(type(self).__name__, args, self.static, e) from None
@@ -302,7 +311,8 @@ class Function(Operator):
             # the engine's call skipped inputs nobody needed a gradient for; SINGA's direct
             # call wants them all: redo the forward's vjp over every differentiable input
             args, diff = self._all_inputs
-            _, self._vjp, _ = _forward_vjp(type(self).fn, self._static, diff,
+            fn = self.__dict__.get("_fn", type(self).fn)  # the forward's (autocast) kernel
+            _, self._vjp, _ = _forward_vjp(fn, self._static, diff,
                                            len(self.writes()), tuple(replay.resolve_all(args)))
             self._deferred = False
             self._diff, self._all_inputs = diff[:len(self._diff)], None

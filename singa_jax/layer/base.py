@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import warnings
 import weakref
 from collections.abc import Mapping
 from functools import wraps
@@ -31,7 +32,7 @@ from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 import jax.numpy as jnp
 import numpy as np
 
-from ..modes import compile_time_eval
+from ..modes import autocast_dtype, compile_time_eval
 from ..tensor import Tensor
 
 __all__ = ["LayerMeta", "Layer", "move_to_device", "positive_int", "concrete_initialization"]
@@ -60,6 +61,8 @@ def _initialization_scope():
 # Float dtypes a layer's parameters may follow (SINGA's dtype_check casts parameters to the
 # input's dtype: its mixed-precision training feeds float16 batches to a model).
 _MIXED_PRECISION = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+# (input dtype, parameter dtypes) whose in-place downcast has been warned about: once each
+_WARNED_DOWNCASTS: set = set()
 
 
 def positive_int(owner: str, what: str, value: Any) -> int:
@@ -291,19 +294,33 @@ class Layer(object, metaclass=LayerMeta):
         """SINGA's rule: cast every Tensor (the parameters) to the dtype of the first input, in
         place -- here only among float16, bfloat16 and float32, the dtypes of SINGA's
         mixed-precision training. Any other mismatch (an integer batch, float64) is a TypeError
-        naming the layer and the dtypes; parameters are never cast to an integer dtype."""
+        naming the layer and the dtypes; parameters are never cast to an integer dtype. A cast
+        that lowers their precision (a float16 batch into float32 parameters) warns, once per
+        pair of dtypes, naming autocast, which keeps float32 master weights; under autocast
+        nothing is cast here (the operators cast inside their kernels)."""
         x_dtype = inputs[0].dtype
         others = [t for t in inputs[1:] if t is not None and t.dtype != x_dtype]
         if not others:
             return
-        if x_dtype not in _MIXED_PRECISION or any(t.dtype not in _MIXED_PRECISION
-                                                  for t in others):
+        mixed = x_dtype in _MIXED_PRECISION and all(t.dtype in _MIXED_PRECISION for t in others)
+        if mixed and autocast_dtype() is not None:
+            return  # autocast: the parameters stay as they are, the operators cast (float32 master)
+        if not mixed:
             params = ", ".join(sorted({str(t.dtype) for t in others}))
             raise TypeError(f"{self._describe()}: input of dtype {x_dtype} does not match its "
                             f"parameters ({params}); feed a floating-point batch of the "
                             f"parameters' dtype (e.g. x.as_type(tensor.float32)). Parameters "
                             f"follow the input only among float16, bfloat16 and float32 "
                             f"(mixed precision)")
+        downcast = sorted({str(t.dtype) for t in others if t.dtype.itemsize > x_dtype.itemsize})
+        if downcast and (x_dtype, tuple(downcast)) not in _WARNED_DOWNCASTS:
+            _WARNED_DOWNCASTS.add((x_dtype, tuple(downcast)))
+            warnings.warn(
+                f"{self._describe()}: a {x_dtype} input casts its {', '.join(downcast)} parameters "
+                f"to {x_dtype} in place (SINGA's dtype_check), losing their precision; to train "
+                f"in mixed precision with {', '.join(downcast)} master weights use "
+                f"Model.compile(..., autocast='{x_dtype}') or autograd.autocast('{x_dtype}') "
+                f"with a {', '.join(downcast)} batch", UserWarning, stacklevel=3)
         for t in others:
             t.array = t.array.astype(x_dtype)
 
@@ -434,5 +451,7 @@ class Layer(object, metaclass=LayerMeta):
         state when not ``trainable``. ``dtype`` is used when it is a float dtype, else float32."""
         if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
             dtype = jnp.float32
+        elif jnp.dtype(dtype).itemsize < 4 and autocast_dtype() is not None:
+            dtype = jnp.float32  # autocast: a half-precision activation, float32 master weights
         return Tensor(shape=tuple(int(s) for s in shape), device=device, dtype=dtype,
                       requires_grad=trainable, stores_grad=trainable)

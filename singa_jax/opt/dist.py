@@ -43,7 +43,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import tensor as _tensor
-from ..autograd.engine import backward as _backward
 from ..ctensor import CTensor
 from ..tensor import Tensor
 from .optimizers import SGD, Optimizer, _param_name, _state_tensor
@@ -366,7 +365,7 @@ class DistOpt:
         update every parameter and step. ``threshold`` (SINGA's fusion size) is accepted: XLA
         combines the all-reduces of one step itself."""
         self._eager_check("backward_and_update")
-        pairs = list(_backward(loss))
+        pairs = self.opt._gradients(loss)  # (loss-scaled under float16 autocast)
         if self.shard_optimizer_state and _SPMD_BODY.get() is not None:
             return self._zero_update(pairs)
         summed = self._sum([g.array for _, g in pairs], scale=1.0 / self.world_size)
@@ -377,7 +376,7 @@ class DistOpt:
         """As :meth:`backward_and_update`, with gradients optionally clipped to
         ``[-clip_Value, clip_Value]`` and communicated (so rounded and summed) in float16."""
         self._eager_check("backward_and_update_half")
-        pairs = list(_backward(loss))
+        pairs = self.opt._gradients(loss)  # (loss-scaled under float16 autocast)
         for p, _ in pairs:
             if p.dtype != _tensor.float32:
                 raise TypeError(f"DistOpt.backward_and_update_half: param {p.name!r} is "
@@ -396,7 +395,7 @@ class DistOpt:
         advances it) is SINGA's counter: the partition averaged last, 0 after a full cycle."""
         self._eager_check("backward_and_partial_update")
         self._zero_check("backward_and_partial_update")
-        pairs = list(_backward(loss))
+        pairs = self.opt._gradients(loss)  # (loss-scaled under float16 autocast)
         if _SPMD_BODY.get() is not None:  # the rank's gradient: the mean of its devices'
             for (_, g), v in zip(pairs, self._rank_values([g.array for _, g in pairs])):
                 g.array = v
@@ -449,7 +448,7 @@ class DistOpt:
         """
         self._eager_check("backward_and_sparse_update")
         self._zero_check("backward_and_sparse_update")
-        pairs = list(_backward(loss))
+        pairs = self.opt._gradients(loss)  # (loss-scaled under float16 autocast)
         grads = [g for _, g in pairs]
         groups = [[grads[i] for i in grp] for grp in _partitions([g.size() for g in grads],
                                                                   threshold)]

@@ -21,7 +21,7 @@ from .. import tensor as _tensor
 from ..autograd.engine import backward as _backward
 from ..device import Device
 from ..dtypes import is_inexact
-from ..modes import current_trace_hook
+from ..modes import autocast_dtype, current_trace_hook
 from ..tensor import Tensor
 from .. import replay
 from .schedules import _HYPER_SPECS, DecayScheduler, _advance, _as_schedule, _eval_schedules
@@ -46,6 +46,10 @@ _KEY_SEP = "/"  # get_states() key of a slot: "<slot kind>/<param key>", e.g. "m
 # and the step_counter value of the last skipped update (for the warning). Float32 counts are
 # exact up to 2**24 skipped steps.
 _SKIP_FIELDS = ("skipped", "pending", "last_skipped_step")
+# float16 loss scaling's state: one float32 Tensor ``_loss_scale`` of these two fields, made at
+# the first update under ``autograd.autocast('float16')``: the scale, and the count of clean
+# (finite) updates since the scale last changed.
+_SCALE_FIELDS = ("scale", "clean_steps")
 
 
 def _backend_started() -> bool:
@@ -79,6 +83,15 @@ class Optimizer:
     step) after it has finished. ``opt.skip_nonfinite = False`` restores SINGA's behaviour
     (the NaN is applied). A user subclass overriding :meth:`apply` is never guarded.
 
+    float16 loss scaling: an optimizer called inside ``autograd.autocast('float16')`` (or by a
+    Model compiled with ``autocast='float16'``) back-propagates ``loss * scale``, divides the
+    gradients by ``scale`` in the fused update, and on a non-finite gradient skips the step
+    (counted in ``skipped_steps``, even with ``skip_nonfinite = False``; not warned about: it
+    is how the scale finds its level) and halves the scale; after
+    ``loss_scale_growth_interval`` clean updates in a row it doubles it. The scale starts at
+    ``init_loss_scale``, is readable as :attr:`loss_scale` and is saved by :meth:`get_states`
+    (key ``loss_scale``) once it exists.
+
     Subclasses declare ``_rule`` (a pure update of one param, see ``_sgd_rule``), the names of
     their slots (``_slot_kinds``) and call :meth:`_init_hypers` for their hyper-parameters. A
     user subclass may instead override :meth:`apply` (SINGA's way); :meth:`call` then applies
@@ -88,6 +101,8 @@ class Optimizer:
     _rule: Optional[UpdateRule] = None
     _slot_kinds: Tuple[str, ...] = ()
     skip_nonfinite: bool = True  # skip (and count) steps with NaN/inf gradients or loss
+    init_loss_scale: float = 2.0 ** 16  # float16 loss scaling (PyTorch's GradScaler's values)
+    loss_scale_growth_interval: int = 2000
 
     def __setattr__(self, name: str, value: Any) -> None:
         self._bump_states_version()
@@ -153,6 +168,36 @@ class Optimizer:
         are SINGA's."""
         return Tensor(device=self._skip_state.device, data=self._skip_state.array[:1].astype(
             jnp.int32), requires_grad=False)
+
+    @property
+    def loss_scale(self) -> Optional[Tensor]:
+        """float16 loss scaling's current scale: a new float32 Tensor of shape (1,), or None
+        before the first update under ``autocast('float16')``."""
+        state = self.__dict__.get("_loss_scale")
+        if state is None:
+            return None
+        return Tensor(device=state.device, data=state.array[:1], requires_grad=False)
+
+    def _scaling(self) -> bool:
+        """Whether this update is loss-scaled: inside ``autocast('float16')``, fused kernel."""
+        return autocast_dtype() == jnp.float16 and self._uses_fused_update()
+
+    def _scale_state(self) -> Tensor:
+        """The loss scale's state Tensor (fields ``_SCALE_FIELDS``), made on first use."""
+        state = self.__dict__.get("_loss_scale")
+        if state is None:
+            state = self._loss_scale = _state_tensor(
+                jnp.array([self.init_loss_scale, 0.0], jnp.float32), self.step_counter.device)
+        return state
+
+    def _gradients(self, loss: Tensor) -> List[Tuple[Tensor, Tensor]]:
+        """Back-propagate from ``loss`` -- times the loss scale when loss-scaled (the update
+        divides it out) -- and return every ``(param, grad)``."""
+        if not self._scaling():
+            return list(_backward(loss))
+        scale = Tensor(device=loss.device, data=self._scale_state().array[0],
+                       requires_grad=False)
+        return list(_backward(loss, scale))
 
     # --- hyper-parameters -------------------------------------------------------------------
     def _init_hypers(self, **values: Any) -> None:
@@ -241,7 +286,7 @@ class Optimizer:
         """Back-propagate from ``loss`` and update every parameter (one fused kernel), without
         advancing the step counter. The graph is kept (SINGA's rule), so the same loss can be
         back-propagated again; a graph freed by ``loss.backward()`` raises RuntimeError."""
-        self._apply_all(list(_backward(loss)), loss)
+        self._apply_all(self._gradients(loss), loss)
 
     def _apply_all(self, pairs: Sequence[Tuple[Tensor, Tensor]],
                    loss: Optional[Tensor] = None) -> None:
@@ -290,6 +335,8 @@ class Optimizer:
         for kind in self._slot_kinds:
             for key, t in self._slot_dict(kind).items():
                 states[f"{kind}{_KEY_SEP}{key}"] = t
+        if "_loss_scale" in self.__dict__:
+            states["loss_scale"] = self._loss_scale
         return states
 
     def set_states(self, states: Mapping[str, Any]) -> None:
@@ -305,11 +352,14 @@ class Optimizer:
         owner = type(self).__name__
         if not isinstance(states, Mapping):
             raise TypeError(f"{owner}.set_states: expected a dict, got {type(states).__name__}")
-        counter = None
+        counter = scale = None
         staged: List[Tuple[str, str, jax.Array]] = []  # (kind, key, array), all validated
         for key, value in states.items():
             if key == "step_counter":
                 counter = self._checked_counter(value)
+                continue
+            if key == "loss_scale":
+                scale = self._checked_scale(value)
                 continue
             kind, sep, pkey = str(key).partition(_KEY_SEP)
             if kind in self._slot_kinds and isinstance(value, Mapping) and not sep:  # nested form
@@ -324,6 +374,8 @@ class Optimizer:
         # everything is valid: only now does any state change
         if counter is not None:
             self.step_counter.array = self.step_counter.device.put(counter)
+        if scale is not None:
+            self._scale_state().array = self.step_counter.device.put(scale)
         for kind, key, arr in staged:
             slots = self._slot_dict(kind)  # the dict object stays: SINGA exposes it
             if key in slots:
@@ -347,6 +399,23 @@ class Optimizer:
                 raise ValueError(f"{owner}.set_states: step_counter must be a finite count >= 0, "
                                  f"got {number}")
         return counter
+
+    def _checked_scale(self, value: Any) -> jax.Array:
+        """``value`` (a scale, or the saved ``(scale, clean_steps)``) as the loss scale's state,
+        or an error naming the problem."""
+        owner = type(self).__name__
+        arr = self._state_array("loss_scale", value).reshape(-1).astype(jnp.float32)
+        if arr.size not in (1, 2):
+            raise ValueError(f"{owner}.set_states: loss_scale must hold (scale,) or (scale, "
+                             f"clean_steps), got {arr.size} values")
+        if arr.size == 1:
+            arr = jnp.concatenate([arr, jnp.zeros((1,), jnp.float32)])
+        if not isinstance(arr, jax.core.Tracer):
+            scale = float(arr[0])
+            if not np.isfinite(scale) or scale <= 0:
+                raise ValueError(f"{owner}.set_states: loss_scale must be a finite number > 0, "
+                                 f"got {scale}")
+        return arr
 
     def _checked_slot(self, what: str, kind: str, key: str, value: Any) -> jax.Array:
         """``value`` as the array of slot ``kind`` under ``key``: floating point, of the shape
@@ -447,6 +516,8 @@ class Optimizer:
         schedules, hyper = self._update_hypers()
         step = self.step_counter.array
         guard = self._guarded()
+        scaling = self._scaling()
+        scale_state = self._scale_state() if scaling else None
         checked = ()
         if guard and isinstance(loss, Tensor) and is_inexact(loss.dtype):
             checked = (loss.array,)
@@ -459,20 +530,24 @@ class Optimizer:
             # with params on several devices, each device's kernel decides (and counts) alone
             h, s, c = hyper, step, checked
             skip_state = self._skip_state.array if guard else None
+            scale = scale_state.array if scaling else None
             if dev is not self.step_counter.device:  # arrays of one kernel share a device
                 h = {k: dev.put(v) for k, v in hyper.items()}
                 s = dev.put(step)
                 c = tuple(dev.put(a) for a in checked)
                 skip_state = None if skip_state is None else dev.put(skip_state)
+                scale = None if scale is None else dev.put(scale)
             grads = [read(triples[i][2]) for i in idx]
             ok = None
             if guard and field == "_data" and len(idx) > SEPARATE_TEST_FROM:
                 ok = _finite_test(grads + list(c))  # eagerly, many arrays: see update.py
-            new_ps, new_slots, new_skip = _fused_update(
+            new_ps, new_slots, new_skip, new_scale = _fused_update(
                 type(self)._rule, self._config(), self._decay_on(), schedules, h, s,
                 [read(triples[i][1]) for i in idx], grads,
                 [tuple(map(read, slot_tensors[i])) for i in idx], guard, c, skip_state,
-                field == "array", ok=ok)  # traced: graph mode's step, whose state is donated
+                field == "array", ok=ok, loss_scale=scale,
+                growth_interval=self.loss_scale_growth_interval if scaling else 0)
+            # (traced: graph mode's step, whose state is donated)
             for i, np_, nss in zip(idx, new_ps, new_slots):
                 setattr(triples[i][1], field, np_)
                 for t, a in zip(slot_tensors[i], nss):
@@ -480,13 +555,16 @@ class Optimizer:
             if guard:
                 home = self._skip_state.device
                 self._skip_state.array = new_skip if dev is home else home.put(new_skip)
+            if scaling and dev is scale_state.device:  # the home device's kernel decides
+                scale_state.array = new_scale
         if guard:
             self._watch_skipped_steps()
 
     # --- non-finite steps -------------------------------------------------------------------
     def _guarded(self) -> bool:
-        """Whether updates are skipped on NaN/inf (``skip_nonfinite``; the fused kernel only)."""
-        return bool(self.skip_nonfinite) and self._uses_fused_update()
+        """Whether updates are skipped on NaN/inf (``skip_nonfinite``, or loss scaling; the
+        fused kernel only)."""
+        return (bool(self.skip_nonfinite) or self._scaling()) and self._uses_fused_update()
 
     def _report_skipped_steps(self) -> None:
         """Warn about updates skipped since the last report, without ever waiting for a device.
@@ -534,8 +612,8 @@ class Optimizer:
         earlier one is still waiting to be read; with ``every`` > 1, only on every ``every``-th
         call (graph mode: reading a new array costs ~10 us, a visible share of a small step)."""
         if self.__dict__.get("_skip_watch") is not None or current_trace_hook() is not None \
-                or "_skip_state" not in self.__dict__:
-            return
+                or "_skip_state" not in self.__dict__ or self._scaling():
+            return  # (a loss-scaled update's skips are not warned about: see the class doc)
         if every > 1:
             wait = self.__dict__.get("_skip_watch_wait", 0)
             self.__dict__["_skip_watch_wait"] = wait - 1 if wait else every - 1

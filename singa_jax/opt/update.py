@@ -102,13 +102,14 @@ def _sum_of(a: jax.Array) -> jax.Array:
     return jnp.sum(a).astype(jnp.float32)
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 3, 9, 12))
+@partial(jax.jit, static_argnums=(0, 1, 2, 3, 9, 12), static_argnames=("growth_interval",))
 def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
                   schedules: Tuple[Tuple[str, DecayScheduler], ...], hyper: Dict[str, jax.Array],
                   step: jax.Array, params: List[jax.Array], grads: List[jax.Array],
                   slots: List[Tuple[jax.Array, ...]], guard: bool, checked: Tuple[jax.Array, ...],
                   skip_state: Optional[Tuple[jax.Array, jax.Array, jax.Array]],
-                  in_place: bool = True, ok: Optional[jax.Array] = None):
+                  in_place: bool = True, ok: Optional[jax.Array] = None,
+                  loss_scale: Optional[jax.Array] = None, growth_interval: int = 0):
     """One kernel updating every parameter of a step.
 
     Hyper-parameters with a pure schedule are evaluated here at ``step`` (the value SINGA keeps
@@ -124,6 +125,11 @@ def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
     says the params and slots are donated (graph mode's program), which decides how the step
     is skipped. ``ok``: the non-finite test's result when the caller computed it (see
     :data:`SEPARATE_TEST_FROM`; ``checked`` is then not read).
+
+    ``loss_scale`` (float16 loss scaling; fields ``optimizers._SCALE_FIELDS``): the gradients
+    are of ``loss * scale`` and are divided by it first; a skipped step halves the scale, the
+    ``growth_interval``-th clean step in a row doubles it. Returns ``(params, slots,
+    skip_state, loss_scale)``, the last None without loss scaling.
     """
     step_counter = step
     hyper = {**{name: sched.value(step) for name, sched in schedules}, **hyper}
@@ -135,6 +141,8 @@ def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
             ct = jnp.promote_types(p.dtype, jnp.float32)
             h = {k: v.reshape(()).astype(ct) for k, v in hyper.items()}
             pc, gc = p.astype(ct), g.astype(ct)
+            if loss_scale is not None:
+                gc = gc / loss_scale[0].astype(ct)
             if decay:
                 gc = gc + h["weight_decay"] * pc
             np_, nss = rule(config, h, step.astype(ct), pc, gc,
@@ -145,7 +153,7 @@ def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
 
     if not guard:
         new_params, new_slots = update()
-        return new_params, new_slots, skip_state
+        return new_params, new_slots, skip_state, loss_scale
     if ok is None:
         ok = _all_finite(list(grads) + list(checked))
     # In graph mode's program (``in_place``: the params and slots are donated) a cond, not
@@ -165,7 +173,12 @@ def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
     skipped = jnp.where(ok, 0.0, 1.0)
     counted = jnp.stack([skip_state[0] + skipped, jnp.maximum(skip_state[1], skipped),
                          jnp.where(ok, skip_state[2], step_counter.reshape(()))])
-    return new_params, new_slots, counted
+    if loss_scale is not None:
+        clean = jnp.where(ok, loss_scale[1] + 1.0, 0.0)
+        grow = clean >= growth_interval
+        scale = loss_scale[0] * jnp.where(ok, jnp.where(grow, 2.0, 1.0), 0.5)
+        loss_scale = jnp.stack([scale, jnp.where(grow, 0.0, clean)])
+    return new_params, new_slots, counted, loss_scale
 
 
 @partial(jax.jit, static_argnums=0)

@@ -64,6 +64,7 @@ class _Export:
         self._count = 0
         self.keep: List[Any] = []
         self._shapes: Optional[Dict[str, Tuple]] = None
+        self.autocast_seen = False  # an operator ran under autocast: the float32 model's export
 
     def fresh(self, hint: str) -> str:
         self._count += 1
@@ -109,14 +110,22 @@ class _Export:
                                                    for n, a in self.inits.items()])
             model = make_model_at_opset(graph, self.opset)
             inferred = shape_inference.infer_shapes(model).graph
-            self._shapes = {}
+            self._shapes, self._types = {}, {}
             for vi in list(inferred.value_info) + list(inferred.input):
                 t = vi.type.tensor_type
+                self._types[vi.name] = t.elem_type
                 if t.HasField("shape"):
                     self._shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None
                                                   for d in t.shape.dim)
             self._shapes.update({n: a.shape for n, a in self.inits.items()})
+            self._types.update({n: helper.np_dtype_to_tensor_dtype(a.dtype)
+                                for n, a in self.inits.items()})
         return self._shapes.get(name)
+
+    def elem_type(self, name: str) -> Optional[int]:
+        """The ONNX element type of value ``name`` (type inference over the graph so far)."""
+        self.shape(name)
+        return self._types.get(name)
 
     def leaf(self, t: tensor.Tensor, hint: str) -> str:
         """The initializer holding the value of the leaf Tensor ``t`` (one per Tensor)."""
@@ -539,6 +548,21 @@ def _ops_post_order(ys: Sequence[tensor.Tensor]) -> List[Any]:
 _CONSTANT_ARGS = (int, float, bool, np.number, np.bool_, np.ndarray, list, tuple)
 
 
+_HALF = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
+def _translate_float32(ctx: _Export, translator: Translator, op: Any, ins: List[str],
+                       outs: List[str]) -> None:
+    """An operator that ran under ``autograd.autocast``, exported as the float32 model's: its
+    half-precision inputs cast up to float32, its translation in float32. Mixed precision is a
+    way of running a model, not part of it (ONNX's Conv has no bfloat16 either): the file holds
+    the float32 model and its float32 master weights, as a checkpoint does, and a runtime
+    chooses its own precision (e.g. onnxruntime's float16 conversion)."""
+    ctx.autocast_seen = True
+    translator(ctx, op, [ctx.node("Cast", [n], to=TensorProto.FLOAT)[0]
+                         if ctx.elem_type(n) in _HALF else n for n in ins], outs)
+
+
 def _value_info(name: str, dtype: Any, shape: Sequence[Any]) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
                                          list(shape))
@@ -563,7 +587,10 @@ class SingaFrontend:
         n_in = len(op.src) - len(op.__dict__.get("tensor_args") or ())
         ins = [ctx.src_name(op, i) for i in range(n_in)]
         outs = [op.output_name(i) for i in range(len(op.y_id2idx))]
-        translator(ctx, op, ins, outs)
+        if getattr(op.__dict__.get("_fn"), "autocast", None) is None:
+            translator(ctx, op, ins, outs)
+        else:
+            _translate_float32(ctx, translator, op, ins, outs)
 
     @classmethod
     def singa_op_to_onnx_node(cls, op: Any, op_t: Any = None,
@@ -624,7 +651,10 @@ class SingaFrontend:
                 (name,) = ctx.node("Identity", [name], [ctx.unique(f"output_{k}")])
             else:
                 name = t.creator.output_name(t.creator.y_id2idx[id(t)])
-            outputs.append(_value_info(name, t.dtype, t.shape))
+            if ctx.autocast_seen and t.dtype in (np.float16, np.dtype(jax.numpy.bfloat16)):
+                outputs.append(_value_info(name, np.float32, t.shape))  # the float32 model's
+            else:
+                outputs.append(_value_info(name, t.dtype, t.shape))
         # an input the graph holds as an initializer (an operator's state: batch-norm
         # statistics) and never reads as a graph value is not a graph input
         read = {n for node in ctx.nodes for n in node.input} | {o.name for o in outputs}
