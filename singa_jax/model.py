@@ -49,10 +49,6 @@ from .tensor import Tensor, from_numpy
 __all__ = ["ModelMeta", "Model"]
 
 
-# Graph mode reads an optimizer's count of skipped (non-finite) steps after every this many
-# steps, when it is computed by then (see Optimizer._report_skipped_steps); the warning comes
-# that late at most.
-_SKIP_REPORT_EVERY = 16
 _NO_SCOPE = contextlib.nullcontext()
 
 
@@ -223,10 +219,10 @@ class Model(Layer, metaclass=ModelMeta):
             # (asynchronously: nothing here waits for them)
             replay.flush()
             return result
-        # Report the last step's skipped updates and drop the state array kept for that report:
-        # held across the step, it would be copied rather than donated.
+        # Report the skipped updates of earlier steps whose report has reached the host
+        # (nothing waits: see Optimizer._expect_skip_report)
         for optimizer in optimizers:
-            optimizer._warn_skipped_steps(release=True)
+            optimizer._before_compiled_step()
         runner = self._graph_runner
         runner.spmd = spmd_of(static)  # a DistOpt's step runs as one SPMD program
         # A cached program runs no Python op code (no mode to set) and changes nothing unless it
@@ -234,11 +230,11 @@ class Model(Layer, metaclass=ModelMeta):
         ran = runner.run_cached(name, args, kwargs, declared, self.training, static)
         if ran is NOT_CACHED:
             with self._transaction(declared, optimizers, arrays=False):
-                ran = runner.run(_checked(fn), name, args, kwargs, declared, self.training,
-                                 static)
-        result, failed = ran
-        for optimizer in optimizers:  # a compiled step runs no optimizer code: watch here
-            optimizer._watch_skipped_steps(every=_SKIP_REPORT_EVERY)
+                ran = runner.run(_checked(fn, optimizers), name, args, kwargs, declared,
+                                 self.training, static)
+        result, failed, reports = ran
+        for optimizer, report in zip(optimizers, reports):
+            optimizer._expect_skip_report(report)
         checks.raise_first_failure(failed)  # the step applied nothing (see _checked)
         return result
 
@@ -389,27 +385,31 @@ def _initialize(model: "Model", inputs: Sequence[Tensor]) -> None:
     model.forward(*inputs)
 
 
-def _checked(fn: Callable) -> Callable:
-    """``fn`` for graph mode, returning ``(result, checks)``: the value checks its ops make while
-    traced (class labels, embedding indices; see :mod:`singa_jax.checks`) become outputs of the
-    program, and every state tensor and device key the step rewrites keeps its old value unless
-    all of them pass -- so a failing step applies nothing, and raises once it has run."""
-    def step(*args: Any, **kwargs: Any) -> Tuple[Any, Any]:
+def _checked(fn: Callable, optimizers: Sequence[Any] = ()) -> Callable:
+    """``fn`` for graph mode, returning ``(result, checks, skip reports)``: the value checks its
+    ops make while traced (class labels, embedding indices; see :mod:`singa_jax.checks`) become
+    outputs of the program, and every state tensor and device key the step rewrites keeps its
+    old value unless all of them pass -- so a failing step applies nothing, and raises once it
+    has run. The skip reports are each of ``optimizers``' non-finite guard state after the
+    step, as outputs of their own (see ``Optimizer._expect_skip_report``; None when
+    unguarded)."""
+    def step(*args: Any, **kwargs: Any) -> Tuple[Any, Any, Any]:
         devices = device_mod.all_devices()
         with checks.collecting() as found:
             before = [(d, d.key) for d in devices]
             watched = _StateWatch()
             with modes.trace_hook(watched.chain(modes.current_trace_hook())):
                 result = fn(*args, **kwargs)
+        reports = tuple(o._skip_report_output() for o in optimizers)
         if not found:
-            return result, ()
+            return result, (), reports
         ok = checks.all_passed(found)
         for t, old in watched.first_values.items():
             t.array = jax.numpy.where(ok, t.array, old)
         for d, old in before:
             if d.key is not old:  # only keys the step drew from (a gated key is state to it)
                 d.key = jax.numpy.where(ok, d.key, old)
-        return result, checks.outputs(found)
+        return result, checks.outputs(found), reports
     return step
 
 

@@ -9,6 +9,7 @@ and keyed is described in the package docstring (:mod:`singa_jax.opt`).
 from __future__ import annotations
 
 import operator
+import sys
 import warnings
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -50,6 +51,18 @@ _SKIP_FIELDS = ("skipped", "pending", "last_skipped_step")
 # the first update under ``autograd.autocast('float16')``: the scale, and the count of clean
 # (finite) updates since the scale last changed.
 _SCALE_FIELDS = ("scale", "clean_steps")
+# graph mode's guard reports kept until read (see Optimizer._expect_skip_report): a host that runs
+# this many steps ahead of the device drops the oldest
+_PENDING_REPORTS = 4
+
+
+def _caller_outside_singa_jax() -> int:
+    """The ``stacklevel`` that makes a warning issued by this function's caller point at the
+    first frame outside singa_jax (the user's call, however deep the library's path to it)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("singa_jax"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _backend_started() -> bool:
@@ -577,52 +590,83 @@ class Optimizer:
         self._warn_skipped_steps()
         self._watch_skipped_steps()
 
-    def _warn_skipped_steps(self, release: bool = False) -> None:
+    def _warn_skipped_steps(self) -> None:
         """The reading half of :meth:`_report_skipped_steps`: warn if the kept array is ready
-        and counts new skips, then drop it. With ``release`` (graph mode, before its next step)
-        an array not ready yet is dropped unread: the step would donate its buffer, and holding
-        it would make graph mode copy it every step; the cumulative count is read next time."""
+        and counts new skips, then drop it."""
         if current_trace_hook() is not None:
             return
         watched = self.__dict__.get("_skip_watch")
-        if watched is not None:
-            if not watched.is_ready():
-                if release:
-                    self.__dict__["_skip_watch"] = None
-                return
-            fields = dict(zip(_SKIP_FIELDS, np.asarray(watched).tolist()))
-            count = int(fields["skipped"])
-            reported = self.__dict__.get("_skips_reported", 0)
-            if count > reported:
-                at = fields["last_skipped_step"]
-                new = count - reported
-                warnings.warn(
-                    f"{type(self).__name__}: skipped the update at step {at:g} (step_counter) "
-                    f"because its gradients or loss held NaN or inf"
-                    + (f", and {new - 1} earlier update(s) since the last report" if new > 1
-                       else "")
-                    + f"; parameters and optimizer state were left unchanged ({count} skipped "
-                    f"in all, see skipped_steps; skip_nonfinite=False restores SINGA's "
-                    f"behaviour)", NonFiniteStepWarning, stacklevel=4)
-            self.__dict__["_skips_reported"] = count  # a reset counter restarts the tally
+        if watched is not None and watched.is_ready():
+            self._warn_skip_count(np.asarray(watched).tolist())
             self.__dict__["_skip_watch"] = None
 
-    def _watch_skipped_steps(self, every: int = 1) -> None:
+    def _watch_skipped_steps(self) -> None:
         """Keep the current guard state array for :meth:`_report_skipped_steps`, unless an
-        earlier one is still waiting to be read; with ``every`` > 1, only on every ``every``-th
-        call (graph mode: reading a new array costs ~10 us, a visible share of a small step)."""
+        earlier one is still waiting to be read."""
         if self.__dict__.get("_skip_watch") is not None or current_trace_hook() is not None \
                 or "_skip_state" not in self.__dict__ or self._scaling():
             return  # (a loss-scaled update's skips are not warned about: see the class doc)
-        if every > 1:
-            wait = self.__dict__.get("_skip_watch_wait", 0)
-            self.__dict__["_skip_watch_wait"] = wait - 1 if wait else every - 1
-            if wait:
-                return
         array = self._skip_state.array
         # only concrete arrays are kept: inside a user's jax.jit they are tracers
         if not isinstance(array, jax.core.Tracer):
             self.__dict__["_skip_watch"] = array
+
+    # graph mode: the compiled step returns a copy of the guard's state (its own small buffer,
+    # never donated), whose host copy starts at once; the next call reads it if it has arrived
+    def _skip_report_output(self) -> Optional[jax.Array]:
+        """Inside a traced step, after the update: the guard's state as an extra output of the
+        program (None when nothing is guarded, or loss-scaled: see the class doc)."""
+        if "_skip_state" not in self.__dict__ or not self._guarded() or self._scaling():
+            return None
+        return self._skip_state.array + 0.0  # a program output of its own, not the state's
+
+    def _expect_skip_report(self, report: Optional[jax.Array]) -> None:
+        """After a compiled step: start copying its guard state to the host (asynchronously)
+        and keep it for :meth:`_read_skip_reports`."""
+        if report is None:
+            return
+        report.copy_to_host_async()
+        pending = self.__dict__.setdefault("_skip_reports", [])
+        pending.append(report)
+        del pending[:-_PENDING_REPORTS]  # the newest suffice: the counts are cumulative
+
+    def _before_compiled_step(self) -> None:
+        """Graph mode, before a step: report what has arrived, and let go of an eager update's
+        kept guard state (held across the step, its buffer would be copied, not donated)."""
+        self._read_skip_reports()
+        self._warn_skipped_steps()
+        self.__dict__["_skip_watch"] = None
+
+    def _read_skip_reports(self) -> None:
+        """Before a compiled step: warn about skips counted by the newest finished step's
+        report (its host copy is there: no wait), then drop it and every older one."""
+        pending = self.__dict__.get("_skip_reports")
+        if not pending:
+            return
+        for i in range(len(pending) - 1, -1, -1):
+            if pending[i].is_ready():
+                self._warn_skip_count(np.asarray(pending[i]).tolist())
+                del pending[:i + 1]
+                return
+
+    def _warn_skip_count(self, values: Sequence[float]) -> None:
+        """Warn if the guard state ``values`` (fields ``_SKIP_FIELDS``) counts skips not yet
+        reported, at the user's line that made the call."""
+        fields = dict(zip(_SKIP_FIELDS, values))
+        count = int(fields["skipped"])
+        reported = self.__dict__.get("_skips_reported", 0)
+        if count > reported:
+            at = fields["last_skipped_step"]
+            new = count - reported
+            warnings.warn(
+                f"{type(self).__name__}: skipped the update at step {at:g} (step_counter) "
+                f"because its gradients or loss held NaN or inf"
+                + (f", and {new - 1} earlier update(s) since the last report" if new > 1
+                   else "")
+                + f"; parameters and optimizer state were left unchanged ({count} skipped "
+                f"in all, see skipped_steps; skip_nonfinite=False restores SINGA's "
+                f"behaviour)", NonFiniteStepWarning, stacklevel=_caller_outside_singa_jax())
+        self.__dict__["_skips_reported"] = count  # a reset counter restarts the tally
 
     def _get_slot(self, kind: str, key: str, p: Tensor) -> Tensor:
         d = self._slot_dict(kind)
