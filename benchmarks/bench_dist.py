@@ -12,9 +12,11 @@ fixed when JAX starts); the median step time after warm-up is reported. Usage::
     python benchmarks/bench_dist.py [--steps 30] [--per-device-batch 32]
     python benchmarks/bench_dist.py --collectives [--devices 4]
 
-``--collectives`` reports instead, for each DistOpt option (and ``shard_optimizer_state``), the
-collectives of the compiled step read from its HLO (``opt.spmd.collectives``): per kind and
-dtype the bytes each device hands to them per step, and the optimizer-state bytes per device.
+``--collectives`` reports instead, for each DistOpt option (and ``shard_optimizer_state``,
+ZeRO-1, and ``shard_parameters``, FSDP), the collectives of the compiled step read from its HLO
+(``opt.spmd.collectives``): per kind and dtype the bytes each device hands to them per step, the
+optimizer-state and parameter bytes per device, and the median step time of each (all in one
+process, so the times compare with each other).
 
 On a CPU host the "devices" share the same cores, so this measures the overhead of the SPMD
 program and of the collectives rather than a speed-up; see docs/distributed.md.
@@ -86,16 +88,22 @@ WORKER = textwrap.dedent('''
 
 
 COLLECTIVES = textwrap.dedent('''
-    import sys, os
+    import sys, os, statistics, time
     sys.path[:0] = [os.path.join(REPO, "examples", "cnn"), os.path.join(REPO, "examples")]
     import numpy as np
     from singa_jax import device, opt, tensor
     from singa_jax.opt import spmd
     from model.cnn import CNN
     import jax
-    for option, zero in [("plain", False), ("half", False), ("sparseTopK", False),
-                         ("plain", True), ("half", True)]:
-        dist = opt.DistOpt(opt.SGD(lr=0.05, momentum=0.9), shard_optimizer_state=zero)
+
+    def per_device_bytes(arrays):
+        return max(sum(s.data.nbytes for a in arrays for s in a.addressable_shards
+                       if s.device == d) for d in jax.local_devices())
+
+    for option, level in [("plain", 0), ("half", 0), ("sparseTopK", 0),
+                          ("plain", 1), ("half", 1), ("plain", 2), ("half", 2)]:
+        dist = opt.DistOpt(opt.SGD(lr=0.05, momentum=0.9), shard_optimizer_state=level >= 1,
+                           shard_parameters=level == 2)
         dev = device.get_default_device()
         net = CNN()
         n = 4 * jax.local_device_count()
@@ -103,30 +111,34 @@ COLLECTIVES = textwrap.dedent('''
         y = tensor.from_numpy(np.zeros(n, np.int32))
         net.set_optimizer(dist)
         net.compile([x], is_train=True, use_graph=True)
-        for _ in range(2):
-            net(x, y, option, 0.05)
+        times = []
+        for _ in range(2 + STEPS):
+            start = time.perf_counter()
+            _, loss = net(x, y, option, 0.05)
+            tensor.to_numpy(loss)  # waits for the step
+            times.append(time.perf_counter() - start)
         kinds = {}
         for c in spmd.collectives(dist._spmd.last_compiled.as_text()):
             k = c["kind"] + " " + "/".join(c["dtypes"])
             kinds[k] = kinds.get(k, 0) + c["bytes"]
         slots = [t.array for k, t in dist.get_states().items() if k != "step_counter"]
-        total = sum(a.nbytes for a in slots)
-        per_device = max(sum(s.data.nbytes for a in slots for s in a.addressable_shards
-                             if s.device == d) for d in jax.local_devices())
-        grads = sum(p.array.nbytes for p in net.get_params().values())
-        print(f"{option + (' +shard_optimizer_state' if zero else ''):>32}  gradients {grads} B  "
-              f"optimizer state {total} B, {per_device} B per device  " +
+        params = [p.array for p in net.get_params().values()]
+        grads = sum(a.nbytes for a in params)
+        name = option + ["", " +shard_optimizer_state", " +shard_parameters"][level]
+        print(f"{name:>28}  step {statistics.median(times[2:]) * 1e3:.1f} ms  parameters "
+              f"{grads} B, {per_device_bytes(params)} B per device  optimizer state "
+              f"{sum(a.nbytes for a in slots)} B, {per_device_bytes(slots)} B per device  " +
               ", ".join(f"{k}: {v} B" for k, v in sorted(kinds.items())), flush=True)
 ''')
 
 
-def collectives(devices: int) -> None:
+def collectives(devices: int, steps: int) -> None:
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     print(f"LeNet CNN, 1 process x {devices} devices: collectives per step and device (HLO)")
-    subprocess.run([sys.executable, "-c", f"REPO = {REPO!r}\n" + COLLECTIVES], env=env,
-                   check=True, timeout=900)
+    subprocess.run([sys.executable, "-c", f"REPO = {REPO!r}\nSTEPS = {steps}\n" + COLLECTIVES],
+                   env=env, check=True, timeout=900)
 
 
 def run_config(processes: int, devices: int, steps: int, per_device: int) -> dict:
@@ -152,7 +164,7 @@ def main(argv=None) -> None:
     parser.add_argument("--devices", type=int, default=4)
     args = parser.parse_args(argv)
     if args.collectives:
-        collectives(args.devices)
+        collectives(args.devices, args.steps)
         return
     configs = [(1, 1), (1, 2), (1, 4), (2, 1)]
     print(f"LeNet CNN, graph mode, {args.per_device_batch} images per device, "

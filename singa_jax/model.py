@@ -43,6 +43,7 @@ from .autograd.mixed_precision import compute_dtype
 from .graph import NOT_CACHED, GraphRunner, tensors_in
 from .layer.base import Layer, LayerMeta, concrete_initialization
 from .opt.dist import spmd_of
+from .opt.spmd import bring_state_home, state_entered_mesh
 from .transaction import StepTransaction
 from .tensor import Tensor, from_numpy
 
@@ -212,6 +213,10 @@ class Model(Layer, metaclass=ModelMeta):
     def _run_step(self, fn: Callable, name: str, args: tuple, kwargs: dict, graph: bool) -> Any:
         replay.flush()  # every state Tensor holds an array when the step starts
         declared, static, optimizers = self._declared_state()
+        if graph and spmd_of(static) is not None:  # DistOpt's step: the state goes on the mesh
+            state_entered_mesh(self)
+        else:  # other calls compute on the rank's device: state on the mesh is brought there
+            bring_state_home(self, declared, self.training)
         if not graph:
             with self._transaction(declared, optimizers, arrays=True):
                 result = fn(*args, **kwargs)

@@ -7,17 +7,25 @@ reports, after training:
   replicated -- or, with ``DistOpt(shard_optimizer_state=True)`` (ZeRO stage 1), each slot split
   over the devices, so that a device holds total / devices of the optimizer state (measured
   from the arrays' shards);
+  -- or, with ``shard_parameters=True`` (FSDP), each parameter split too (a device holds
+  total / devices of the parameters);
 * the compiled step's collectives (its HLO): plain data parallelism all-reduces the gradients
   only (no all-gather, no permute, no more bytes than the gradients plus the loss); ZeRO
   reduce-scatters the gradients and all-gathers the updated parameters, and all-reduces no
-  gradient; every state buffer is donated (input/output aliases);
+  gradient; FSDP all-gathers the parameters once (for the forward and backward) and nothing
+  after the update; every state buffer is donated (input/output aliases);
 * that a steady-state step places nothing on the mesh (no transfer of state);
-* a checkpoint written after training and loaded back gives the same next step as continuing.
+* a checkpoint written after training and loaded back gives the same next step as continuing
+  -- across processes too, where a sharded slot or parameter is read whole by gathering it on
+  every rank (and a rank reading one alone gets a TimeoutError, not a hang);
+* evaluation after training (graph mode and eager; batch-norm nets) equals a one-device
+  forward of the same values.
 
-This process checks the numbers: plain and ZeRO (plain) equal single-device training on the
-global batch to 1e-5; ZeRO's ``half`` equals the NumPy simulation of SINGA's float16 rule
+This process checks the numbers: plain, ZeRO and FSDP (plain) equal single-device training on
+the global batch to 1e-5; their ``half`` equals the NumPy simulation of SINGA's float16 rule
 (2e-3, as tests/test_dist.py); the other options' numbers are checked in tests/test_dist.py
-(which runs the same step over the same placement).
+(which runs the same step over the same placement). A run is ``(net, option, level)`` with
+level 0 (replicated), 1 (``shard_optimizer_state``) or 2 (``shard_parameters`` too).
 """
 import json
 import os
@@ -37,24 +45,7 @@ WORKER = textwrap.dedent('''
     import numpy as np
     THRESHOLD, STEPS, PER_RANK, LR, MOMENTUM = {THRESHOLD}, {STEPS}, {PER_RANK}, {LR}, {MOMENTUM}
     SPARS = {SPARS!r}
-    exec(open(sys.argv[1]).read())  # tests/test_dist.py's COMMON: Net, global_batches
-
-    def bn_net():
-        from singa_jax import layer, model
-
-        class BNNet(Net):  # Net with batch normalisation (buffers) and 4 conv channels
-            def __init__(self):
-                model.Model.__init__(self)
-                self.conv = layer.Conv2d(4, 3, padding=1)
-                self.bn = layer.BatchNorm2d()
-                self.relu = layer.ReLU()
-                self.flat = layer.Flatten()
-                self.fc = layer.Linear(4)
-                self.loss = layer.SoftMaxCrossEntropy()
-
-            def forward(self, x):
-                return self.fc(self.flat(self.relu(self.bn(self.conv(x)))))
-        return BNNet()
+    exec(open(sys.argv[1]).read())  # tests/test_dist.py's COMMON: Net, global_batches; bn_net
 
     def child(rank, world, holder, runs, out_dir):
         import jax
@@ -69,10 +60,11 @@ WORKER = textwrap.dedent('''
             return out
         spmd._SpmdProgram.place = counting_place
         report, params = {{}}, {{}}
-        for kind, option, zero in runs:
+        for kind, option, level in runs:
             sgd = opt.SGD(lr=LR, momentum=MOMENTUM)
             args = dict(nccl_id=holder, local_rank=rank, world_size=world) if holder else {{}}
-            dist = opt.DistOpt(sgd, shard_optimizer_state=zero, **args)
+            dist = opt.DistOpt(sgd, shard_optimizer_state=level >= 1,
+                               shard_parameters=level == 2, **args)
             dev = device.get_default_device()
             dev.SetRandSeed(0)
             net = Net() if kind == "net" else bn_net()
@@ -81,7 +73,7 @@ WORKER = textwrap.dedent('''
             ty = tensor.Tensor((PER_RANK,), dev, tensor.int32)
             net.set_optimizer(dist)
             net.compile([tx], is_train=True, use_graph=True)
-            name = f"{{kind}}/{{option}}/{{int(zero)}}"
+            name = f"{{kind}}/{{option}}/{{level}}"
             rows = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
 
             def step(s):
@@ -95,6 +87,7 @@ WORKER = textwrap.dedent('''
                 step(s)
             entry = {{"moved_last_step": moved[0], "devices": jax.device_count(), "state": {{}}}}
             slots = {{k: v for k, v in dist.get_states().items() if k != "step_counter"}}
+            param_names = set(net.get_params())
             for group, tensors in (("model", net.get_states()), ("slot", slots)):
                 for k, t in tensors.items():
                     a = t.array
@@ -103,17 +96,17 @@ WORKER = textwrap.dedent('''
                         per_device[str(sh.device.id)] = int(sh.data.nbytes)
                     entry["state"][f"{{group}}:{{k}}"] = dict(
                         devices=len(a.sharding.device_set), replicated=a.sharding.is_fully_replicated,
-                        nbytes=int(a.nbytes), per_device=per_device, shape=list(a.shape))
+                        nbytes=int(a.nbytes), per_device=per_device, shape=list(a.shape),
+                        param=group == "model" and k in param_names)
             hlo = dist._spmd.last_compiled.as_text()
             entry["collectives"] = spmd.collectives(hlo)
             alias = hlo.split("input_output_alias={{", 1)[1].split("}}, entry", 1)[0] \\
                 if "input_output_alias" in hlo else ""
             entry["aliased"] = alias.count("may-alias") + alias.count("must-alias")
             entry["grad_bytes"] = sum(int(p.array.nbytes) for p in net.get_params().values())
+            entry["logits_bytes"] = PER_RANK * 4 * 4 if jax.local_device_count() > 1 else 0
+            # (a value split over processes is gathered: every rank reads, in the same order)
             params[name] = {{k: tensor.to_numpy(v) for k, v in net.get_params().items()}}
-            if world > 1 and zero:  # a slot split over processes cannot be read by one
-                report[name] = entry  # (see docs/distributed.md)
-                continue
             # checkpoint round trip: save, step, load, step again = the same step
             ckpt = os.path.join(out_dir, f"ckpt{{rank}}_{{len(report)}}.zip")
             net.save_states(ckpt, aux_states=dist.get_states())
@@ -131,7 +124,32 @@ WORKER = textwrap.dedent('''
             entry["resumed_sharding_devices"] = min(
                 len(t.array.sharding.device_set)
                 for t in list(net.get_states().values()) + list(slots.values()))
+            if kind == "bn":  # evaluation after training: graph mode, eager, one-device forward
+                states = {{k: tensor.to_numpy(v) for k, v in net.get_states().items()}}
+                ex = tensor.from_numpy(x[0, rows])
+                net.eval()
+                graph_out = tensor.to_numpy(net(ex))
+                net.graph(False)
+                eager_out = tensor.to_numpy(net(ex))
+                net.graph(True)
+                net.train()
+                ref = bn_net()
+                ref.compile([tx], is_train=False, use_graph=False)
+                ref.set_states(states)
+                ref.eval()
+                want = tensor.to_numpy(ref(ex))
+                entry["eval_error"] = max(float(np.abs(graph_out - want).max()),
+                                          float(np.abs(eager_out - want).max()))
             report[name] = entry
+        if world > 1 and runs[-1][2] >= 1:  # a rank reading a value split over processes
+            os.environ["SINGA_JAX_DIST_TIMEOUT"] = "3"  # alone: an error, not a hang
+            if rank == 0:
+                try:
+                    tensor.to_numpy(next(t for t in slots.values()
+                                         if not t.array.is_fully_addressable))
+                    report["lone_read"] = "no error"
+                except TimeoutError as e:
+                    report["lone_read"] = str(e)
         with open(os.path.join(out_dir, f"report{{rank}}.json"), "w") as f:
             json.dump(report, f)
         np.savez(os.path.join(out_dir, f"params{{rank}}.npz"),
@@ -139,7 +157,7 @@ WORKER = textwrap.dedent('''
 
     if __name__ == "__main__":
         world, out_dir = int(sys.argv[2]), sys.argv[3]
-        runs = [(k, o, z == "1") for k, o, z in (r.split(":") for r in sys.argv[4].split(","))]
+        runs = [(k, o, int(z)) for k, o, z in (r.split(":") for r in sys.argv[4].split(","))]
         if world == 1:
             child(0, 1, None, runs, out_dir)
             sys.exit(0)
@@ -157,8 +175,28 @@ WORKER = textwrap.dedent('''
             SPARS=SPARS)
 
 
+BN_NET = textwrap.dedent('''
+    def bn_net():
+        from singa_jax import layer, model
+
+        class BNNet(Net):  # Net with batch normalisation (buffers) and 4 conv channels
+            def __init__(self):
+                model.Model.__init__(self)
+                self.conv = layer.Conv2d(4, 3, padding=1)
+                self.bn = layer.BatchNorm2d()
+                self.relu = layer.ReLU()
+                self.flat = layer.Flatten()
+                self.fc = layer.Linear(4)
+                self.loss = layer.SoftMaxCrossEntropy()
+
+            def forward(self, x):
+                return self.fc(self.flat(self.relu(self.bn(self.conv(x)))))
+        return BNNet()
+''')
+
+
 def launch(tmp_path, world, local_devices, runs):
-    (tmp_path / "common.py").write_text(COMMON)
+    (tmp_path / "common.py").write_text(COMMON + BN_NET)
     (tmp_path / "worker.py").write_text(WORKER)
     path = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, JAX_PLATFORMS="cpu", SINGA_JAX_DIST_TIMEOUT="60", PYTHONPATH=path,
@@ -181,42 +219,53 @@ def launch(tmp_path, world, local_devices, runs):
     return reports, params
 
 
-def check_placement(entry, zero, what):
+def check_placement(entry, level, what):
+    """Every state array spans all devices; slots (level >= 1) and parameters (level 2) with
+    a dimension divisible by the device count are split, the rest replicated. Returns the
+    slots' and the parameters' (total bytes, bytes per device)."""
     devices = entry["devices"]
     assert entry["moved_last_step"] == 0, f"{what}: a steady-state step placed state on the mesh"
-    slot_total, per_device = 0, {}
+    totals = {"slot": [0, {}], "param": [0, {}]}
     for name, s in entry["state"].items():
         assert s["devices"] == devices, f"{what}: {name} spans {s['devices']} of {devices} devices"
-        if name.startswith("slot:"):
-            slot_total += s["nbytes"]
+        group = "slot" if name.startswith("slot:") else "param" if s["param"] else None
+        if group is not None:
+            totals[group][0] += s["nbytes"]
             for d, n in s["per_device"].items():
-                per_device[d] = per_device.get(d, 0) + n
-            if zero and any(n % devices == 0 for n in s["shape"]):
-                assert not s["replicated"], f"{what}: {name} is not sharded"
-                continue
+                totals[group][1][d] = totals[group][1].get(d, 0) + n
+        split = (group == "slot" and level >= 1) or (group == "param" and level == 2)
+        if split and any(n % devices == 0 for n in s["shape"]):
+            assert not s["replicated"], f"{what}: {name} is not sharded"
+            continue
         assert s["replicated"], f"{what}: {name} is not replicated"
-    assert slot_total > 0 and per_device
-    return slot_total, per_device
+    assert all(total > 0 and per_device for total, per_device in totals.values())
+    return {group: tuple(v) for group, v in totals.items()}
 
 
-def check_collectives(entry, option, zero, what):
+def check_collectives(entry, option, level, what):
     kinds = {}
     for c in entry["collectives"]:
         kinds[c["kind"]] = kinds.get(c["kind"], 0) + c["bytes"]
     grads = entry["grad_bytes"]
-    # besides the gradients: the loss, the logits gathered to the rank's batch, a non-finite
-    # count (ZeRO), batch-norm statistics averaged over a rank's devices: small
+    devices = entry["devices"]
+    # the parameters whose update is split over the devices (Net's conv.W, 3x1x3x3, stays whole
+    # on 4): ZeRO all-gathers them after the update, FSDP before the forward; nothing else moves
+    # parameters
+    split = sum(s["nbytes"] for s in entry["state"].values()
+                if s["param"] and any(n % devices == 0 for n in s["shape"]))
+    logits = entry["logits_bytes"]  # the rank's results gathered from its devices
+    # besides the gradients: the loss, a non-finite count (ZeRO), batch-norm statistics averaged
+    # over a rank's devices, the optimizer's guard report: small
     small = 4096
     assert "collective-permute" not in kinds and "all-to-all" not in kinds, (what, kinds)
-    if zero:
-        assert kinds.get("reduce-scatter", 0) > 0 and kinds.get("all-gather", 0) > 0, (what, kinds)
-        # every parameter's update is split here (Net's conv.W, 3x1x3x3, stays whole on 4)
-        assert kinds.get("all-reduce", 0) <= grads + small, (what, kinds)
-        assert kinds["reduce-scatter"] <= grads, (what, kinds)
+    if level:
+        assert 0 < kinds.get("reduce-scatter", 0) <= grads, (what, kinds)
+        assert kinds.get("all-gather", 0) == split + logits, (what, kinds, split, logits)
+        assert kinds.get("all-reduce", 0) <= grads - split + small, (what, kinds)
     elif option == "plain":
         assert set(kinds) <= {"all-reduce", "all-gather"}, (what, kinds)
         assert grads <= kinds["all-reduce"] <= grads + small, (what, kinds)
-        assert kinds.get("all-gather", 0) <= small, (what, kinds)  # the logits only
+        assert kinds.get("all-gather", 0) == logits, (what, kinds)  # the logits only
     # donated: every parameter and slot buffer is an input/output alias of the step
     n_state = len(entry["state"]) + 1  # + the step counter
     assert entry["aliased"] >= n_state - 1, (what, entry["aliased"], n_state)
@@ -226,17 +275,19 @@ def check_checkpoint(entry, what):
     assert entry["restored_equals_saved"], what
     assert entry["resumed_step_error"] <= 1e-6, (what, entry["resumed_step_error"])
     assert entry["resumed_sharding_devices"] == entry["devices"], what
+    if "eval_error" in entry:  # evaluation after training = a one-device forward
+        assert entry["eval_error"] <= 1e-5, (what, entry["eval_error"])
 
 
 def check_numbers(params, world, runs, what):
-    init = params[0][f"{runs[0][0]}/{runs[0][1]}/{int(runs[0][2])}/init"]
+    init = params[0][f"{runs[0][0]}/{runs[0][1]}/{runs[0][2]}/init"]
     with precision.float32_matmul_precision_scope("float32"):
         plain = single_device_training(init, world)
         sims = {}
-        for kind, option, zero in runs:
+        for kind, option, level in runs:
             if kind != "net":
                 continue
-            name = f"{kind}/{option}/{int(zero)}"
+            name = f"{kind}/{option}/{level}"
             for r in range(world):
                 got = params[r][name]
                 if option == "plain":
@@ -248,54 +299,77 @@ def check_numbers(params, world, runs, what):
                     assert_params_close(got, sims[option][r], tol, f"{what} {name} rank {r}")
 
 
+def check_quarters(measured, group, devices, what):
+    """A device holds exactly total / devices of ``group`` (BNNet: every array splits on 4)."""
+    total, per_device = measured[group]
+    assert len(per_device) == devices and all(n * 4 == total for n in per_device.values()), \
+        (what, group, total, per_device)
+
+
 def test_one_process_four_devices_state_lives_on_the_mesh(tmp_path):
-    runs = [("net", "plain", False), ("net", "sparseThreshold", False),
-            ("net", "plain", True), ("net", "half", True),
-            ("bn", "plain", False), ("bn", "plain", True)]
+    runs = [("net", "plain", 0), ("net", "sparseThreshold", 0),
+            ("net", "plain", 1), ("net", "half", 1), ("net", "plain", 2), ("net", "half", 2),
+            ("bn", "plain", 0), ("bn", "plain", 1), ("bn", "plain", 2)]
     reports, params = launch(tmp_path, 1, 4, runs)
     report = reports[0]
     measured = {}
-    for kind, option, zero in runs:
-        name = f"{kind}/{option}/{int(zero)}"
+    for kind, option, level in runs:
+        name = f"{kind}/{option}/{level}"
         entry = report[name]
-        total, per_device = check_placement(entry, zero, name)
-        check_collectives(entry, option, zero, name)
+        measured[name] = check_placement(entry, level, name)
+        check_collectives(entry, option, level, name)
         if not option.startswith("sparse"):  # DistOpt's residuals are not SINGA checkpoint state
             check_checkpoint(entry, name)
-        measured[name] = (total, per_device)
     check_numbers(params, 1, runs, "1x4")
-    # ZeRO-1: a device holds a quarter of the optimizer state (BNNet: every slot splits on 4)
-    total, per_device = measured["bn/plain/1"]
-    assert sorted(per_device) == ["0", "1", "2", "3"]
-    assert all(n * 4 == total for n in per_device.values()), (total, per_device)
-    assert measured["bn/plain/0"][0] == total
-    assert all(n == total for n in measured["bn/plain/0"][1].values())
-    # ZeRO and plain: the same numbers (BN included: per device in both)
-    for k, v in params[0]["bn/plain/0"].items():
-        np.testing.assert_allclose(params[0]["bn/plain/1"][k], v, rtol=1e-5, atol=1e-5,
-                                   err_msg=k)
+    # ZeRO-1: a device holds a quarter of the optimizer state; FSDP: of the parameters too
+    check_quarters(measured["bn/plain/1"], "slot", 4, "ZeRO-1")
+    check_quarters(measured["bn/plain/2"], "slot", 4, "FSDP")
+    check_quarters(measured["bn/plain/2"], "param", 4, "FSDP")
+    for group in ("slot", "param"):  # replicated: every device holds everything
+        total, per_device = measured["bn/plain/0"][group]
+        assert total == measured["bn/plain/2"][group][0]
+        assert all(n == total for n in per_device.values())
+    # sharded or not: the same numbers (BN included: per device in all)
+    for level in (1, 2):
+        for k, v in params[0]["bn/plain/0"].items():
+            np.testing.assert_allclose(params[0][f"bn/plain/{level}"][k], v, rtol=1e-5,
+                                       atol=1e-5, err_msg=f"level {level}: {k}")
 
 
 def test_two_processes_two_devices_state_lives_on_the_mesh(tmp_path):
-    runs = [("net", "plain", False), ("net", "plain", True), ("bn", "plain", True)]
+    runs = [("net", "plain", 0), ("net", "plain", 1), ("net", "plain", 2),
+            ("bn", "plain", 1), ("bn", "plain", 2)]
     reports, params = launch(tmp_path, 2, 2, runs)
     for rank in range(2):
-        for kind, option, zero in runs:
-            name = f"{kind}/{option}/{int(zero)}"
+        for kind, option, level in runs:
+            name = f"{kind}/{option}/{level}"
             entry = reports[rank][name]
             assert entry["devices"] == 4
-            total, per_device = check_placement(entry, zero, f"rank {rank} {name}")
-            check_collectives(entry, option, zero, f"rank {rank} {name}")
-            if not zero:
-                check_checkpoint(entry, f"rank {rank} {name}")
-            if kind == "bn" and zero:  # this rank's two devices: a quarter each
-                assert len(per_device) == 2 and all(n * 4 == total for n in per_device.values())
+            measured = check_placement(entry, level, f"rank {rank} {name}")
+            check_collectives(entry, option, level, f"rank {rank} {name}")
+            # values split over both processes: read, saved and loaded whole
+            check_checkpoint(entry, f"rank {rank} {name}")
+            if kind == "bn":  # this rank's two devices: a quarter each
+                check_quarters(measured, "slot", 2, f"rank {rank} {name}")
+                if level == 2:
+                    check_quarters(measured, "param", 2, f"rank {rank} {name}")
     check_numbers(params, 2, runs, "2x2")
+    for rank in range(2):
+        for k, v in params[rank]["bn/plain/1"].items():
+            np.testing.assert_allclose(params[rank]["bn/plain/2"][k], v, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"rank {rank} FSDP vs ZeRO-1: {k}")
+    # a rank reading a split value alone: a TimeoutError naming the rank that did not read
+    lone = reports[0]["lone_read"]
+    assert "rank(s) [1]" in lone and "every rank must read it" in lone, lone
 
 
-def test_shard_optimizer_state_argument_and_unsupported_options():
+def test_shard_arguments():
     from singa_jax import opt
     with pytest.raises(TypeError, match="shard_optimizer_state must be a bool"):
         opt.DistOpt(opt.SGD(), shard_optimizer_state="yes")
+    with pytest.raises(TypeError, match="shard_parameters must be a bool"):
+        opt.DistOpt(opt.SGD(), shard_parameters=1)
     d = opt.DistOpt(opt.SGD(), shard_optimizer_state=True)
-    assert d.shard_optimizer_state is True
+    assert (d.shard_optimizer_state, d.shard_parameters) == (True, False)
+    d = opt.DistOpt(opt.SGD(), shard_parameters=True)  # FSDP includes ZeRO-1
+    assert (d.shard_optimizer_state, d.shard_parameters) == (True, True)

@@ -16,12 +16,14 @@ Collectives
     ``('rank', 'local')`` of all devices, the batch split along its first dimension, and
     DistOpt's sums become ``lax.psum`` (:class:`SpmdStep`, used by :mod:`singa_jax.graph`). The
     model's parameters, buffers and optimizer slots then live on the mesh as global arrays
-    (replicated; with ``shard_optimizer_state`` the slots sharded, ZeRO stage 1) and the step
-    updates them in place (donated), so a step moves only its collectives' bytes.
+    (replicated; with ``shard_optimizer_state`` the slots sharded, ZeRO stage 1; with
+    ``shard_parameters`` the parameters too, FSDP) and the step updates them in place (donated),
+    so a step moves only its collectives' bytes. A call that is not this step (eager, graph-mode
+    evaluation) first brings the model's state back to its device (:mod:`.spmd`).
     *Eager*: a gradient is summed over the ranks by one jitted reduction over a global array
     assembled (without copies) from every process's piece (:meth:`_Cluster.sum_over_ranks`).
-    An eager step computes on one device per rank: a rank with several local devices must use
-    graph mode (eager training raises, see :meth:`DistOpt._eager_check`).
+    An eager step computes on one device per rank: a rank with several local devices computes
+    on the first and is told once to use graph mode for all (:meth:`DistOpt._eager_check`).
 
 The numbers are SINGA's: gradients summed over ranks and divided by ``world_size``; ``half`` sends
 float16; ``partialUpdate`` averages one round-robin partition of the parameters per step;
@@ -131,6 +133,11 @@ class DistOpt:
             For models whose optimizer state does not fit one device; the numbers are those of
             ``plain`` (and ``half``). Slots keep their parameters' shapes: ``get_states()`` and
             checkpoints read and write them whole.
+        shard_parameters: beyond SINGA (FSDP, graph mode; implies ``shard_optimizer_state``):
+            the parameters are split like their slots between steps; the step all-gathers each
+            for the forward and backward, reduce-scatters its gradient and updates the device's
+            part, which it keeps. Reading a parameter (``to_numpy``, ``get_params``,
+            checkpoints) gives its whole value.
 
     Attributes ``world_size``, ``global_rank`` and ``local_rank`` are SINGA's. Attributes not
     defined here (``step_counter``, ``get_states``, ...) are those of the wrapped optimizer.
@@ -138,7 +145,8 @@ class DistOpt:
 
     def __init__(self, opt: Optional[Optimizer] = None, nccl_id: Any = None,
                  local_rank: Optional[int] = None, world_size: Optional[int] = None,
-                 buffSize: int = 4194304, shard_optimizer_state: bool = False):
+                 buffSize: int = 4194304, shard_optimizer_state: bool = False,
+                 shard_parameters: bool = False):
         if opt is None:
             opt = SGD()
         if not isinstance(opt, Optimizer):
@@ -148,11 +156,15 @@ class DistOpt:
         if nccl_id is None and local_rank is not None and world_size is None:
             raise ValueError("DistOpt: local_rank without nccl_id/world_size; pass "
                              "nccl_id=NcclIdHolder(), local_rank and world_size together")
-        if not isinstance(shard_optimizer_state, bool):
-            raise TypeError(f"DistOpt: shard_optimizer_state must be a bool, got "
-                            f"{shard_optimizer_state!r}")
+        for name, value in (("shard_optimizer_state", shard_optimizer_state),
+                            ("shard_parameters", shard_parameters)):
+            if not isinstance(value, bool):
+                raise TypeError(f"DistOpt: {name} must be a bool, got {value!r}")
         cluster, local = _join(nccl_id, local_rank, world_size)
-        self.shard_optimizer_state = shard_optimizer_state
+        # sharded parameters are updated by the device holding their part, so their slots are
+        # split alike: FSDP includes ZeRO stage 1
+        self.shard_optimizer_state = shard_optimizer_state or shard_parameters
+        self.shard_parameters = shard_parameters
         self.opt = opt
         self.nccl_id = nccl_id
         self.buffSize = int(buffSize)
@@ -170,7 +182,8 @@ class DistOpt:
 
     def _static_key(self) -> Tuple:
         """What a compiled step bakes in: the SPMD layout and the wrapped optimizer's key."""
-        return (DistOpt, self._spmd, self.shard_optimizer_state, self.opt._static_key())
+        return (DistOpt, self._spmd, self.shard_optimizer_state, self.shard_parameters,
+                self.opt._static_key())
 
     def __call__(self, loss: Tensor) -> None:
         self.backward_and_update(loss)
@@ -216,9 +229,14 @@ class DistOpt:
         """Training eagerly is one device per rank: a rank with several local devices computes
         on one of them (the same update from the same rank batch; batch-norm statistics over
         the whole rank batch) and is told once how to use them all; the sharded optimizer
-        state is graph mode's only."""
+        state (and sharded parameters) are graph mode's only. (docs/distributed.md says why
+        eager mode is not SPMD.)"""
         if _SPMD_BODY.get() is not None:
             return
+        if self.shard_optimizer_state and self._spmd is not None:
+            which = "shard_parameters" if self.shard_parameters else "shard_optimizer_state"
+            raise RuntimeError(f"DistOpt.{what}: {which}=True needs graph mode "
+                               f"(model.compile(..., use_graph=True))")
         if self._cluster.num_local > 1 and not self.__dict__.get("_warned_one_device"):
             self._warned_one_device = True
             warnings.warn(
@@ -227,23 +245,23 @@ class DistOpt:
                 f"use_graph=True (one program over every device, the batch split between them), "
                 f"or start one process per device (JAX_LOCAL_DEVICE_IDS, one GPU per process) "
                 f"to use them all", RuntimeWarning, stacklevel=3)
-        if self.shard_optimizer_state and self._spmd is not None:
-            raise RuntimeError(f"DistOpt.{what}: shard_optimizer_state=True needs graph mode "
-                               f"(model.compile(..., use_graph=True))")
 
     def _zero_check(self, what: str) -> None:
         if self.shard_optimizer_state and _SPMD_BODY.get() is not None:
             raise NotImplementedError(
-                f"DistOpt.{what}: shard_optimizer_state=True supports backward_and_update "
-                f"('plain') and backward_and_update_half ('half'); partial and sparse updates "
-                f"keep per-rank state, so construct the DistOpt without it for them")
+                f"DistOpt.{what}: shard_optimizer_state=True (and shard_parameters=True) support "
+                f"backward_and_update ('plain') and backward_and_update_half ('half'); partial "
+                f"and sparse updates keep per-rank state, so construct the DistOpt without "
+                f"them for those")
 
     def _zero_update(self, pairs: List[Tuple[Tensor, Tensor]], half: bool = False,
                      clip: Optional[float] = None) -> None:
         """ZeRO stage 1 inside the SPMD step: each device updates its part of every parameter
         (and holds only that part of its slots) from the reduce-scattered mean gradient, then
         the parts are all-gathered. A parameter with no dimension divisible by the device count
-        is summed and updated whole, as in plain data parallelism."""
+        is summed and updated whole, as in plain data parallelism. With ``shard_parameters``
+        the part comes from the step's input (the parameter arrived as it) and the step
+        returns the updated part: the final all-gather then has no use and is left out."""
         spmd = _SPMD_BODY.get()
         world, m, devices = self.world_size, self._cluster.num_local, spmd.devices
         dims = [zero_dim(tuple(p.shape), devices) for p, _ in pairs]
@@ -253,14 +271,12 @@ class DistOpt:
                                scale=1.0 / world)
             for i, v in zip(whole, summed):
                 pairs[i][1].array = v
-        index = jax.lax.axis_index(ZERO_AXES)  # this device's part (local major, rank minor)
         full_shapes = {}
         bad = jnp.zeros((), jnp.int32)
         for (p, g), d in zip(pairs, dims):
             if d is None:
                 continue
             full_shapes[id(p)] = tuple(p.shape)
-            part = p.shape[d] // devices
             grad = g.array
             if half:  # the rank's value rounded to float16, summed over the ranks in float16
                 if m > 1:
@@ -275,7 +291,7 @@ class DistOpt:
                 grad = jax.lax.psum_scatter(grad, ZERO_AXES, scatter_dimension=d,
                                             tiled=True) / (world * m)
             bad = bad + jnp.sum(~jnp.isfinite(grad)).astype(jnp.int32)
-            p.array = jax.lax.dynamic_slice_in_dim(p.array, index * part, part, axis=d)
+            p.array = spmd.shard_of(p.array, d)  # this device's part (local major, rank minor)
             g.array = grad
         loss = None
         if full_shapes and self.opt._guarded():
@@ -293,7 +309,9 @@ class DistOpt:
             for kind in kinds:  # a slot born in this step leaves it split, as it will stay
                 spmd.register_born(self.opt._slot_dict(kind)[key].array,
                                    zero_spec(shape, devices))
-            p.array = jax.lax.all_gather(p.array, ZERO_AXES, axis=d, tiled=True)
+            full = jax.lax.all_gather(p.array, ZERO_AXES, axis=d, tiled=True)
+            spmd.register_gathered(full, p.array)
+            p.array = full  # (the whole value for the rest of the step)
         self.opt.step()
 
     # --- SINGA's collectives ------------------------------------------------------------------

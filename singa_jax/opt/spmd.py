@@ -1,6 +1,11 @@
 """Graph mode under ``DistOpt``: the whole training step as one SPMD program per process,
 ``shard_map`` over the mesh ``('rank', 'local')`` of every device, the batch split along its first
-dimension and DistOpt's sums as ``lax.psum`` (:class:`SpmdStep`, used by :mod:`singa_jax.graph`)."""
+dimension and DistOpt's sums as ``lax.psum`` (:class:`SpmdStep`, used by :mod:`singa_jax.graph`).
+
+Also what the state on the mesh means outside that program: a call that is not DistOpt's step
+(eager, graph-mode evaluation) brings it back to each Tensor's device
+(:func:`bring_state_home`), and reading a value sharded over several processes' devices gathers
+it, on every rank at once (:func:`host_value`)."""
 from __future__ import annotations
 
 import contextvars
@@ -14,7 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..tensor import Tensor
-from .cluster import LOCAL, RANK, _agree
+from .cluster import _CLUSTER, LOCAL, RANK, _agree
 
 if TYPE_CHECKING:
     from .dist import DistOpt
@@ -56,17 +61,24 @@ class SpmdStep:
         # specs of values the body returns as new Tensors (a ZeRO slot born in the step), by the
         # identity of the traced value (DistOpt registers them while the body is traced)
         self._born_specs: Dict[int, P] = {}
+        # shard_parameters: a full parameter value inside the body -> (itself, this device's
+        # shard of it), for the values gathered from a shard (the step's input, an updated
+        # part), so that the step returns that shard rather than slicing the gathered value
+        self._shards: Dict[int, Tuple[Any, Any]] = {}
         self.last_compiled: Any = None  # the last compiled step (its HLO: bench_dist, tests)
 
     # -- layout of the state over the mesh ----------------------------------------------------
     def spec_of(self, t: Tensor) -> P:
-        """Where state Tensor ``t`` lives: replicated, or (a slot of the wrapped optimizer under
-        ``shard_optimizer_state``) split over every device along its first dimension divisible
-        by the device count (:func:`zero_dim`; a slot with none stays replicated)."""
+        """Where state Tensor ``t`` lives: replicated, or split over every device along its
+        first dimension divisible by the device count (:func:`zero_dim`; a Tensor with none
+        stays replicated) when it is a slot of the wrapped optimizer under
+        ``shard_optimizer_state`` or a parameter under ``shard_parameters``."""
         dist = self._dist()
-        if dist is None or not dist.shard_optimizer_state or id(t) not in _slot_ids(dist):
+        if dist is None or not dist.shard_optimizer_state:
             return P()
-        return zero_spec(tuple(t.shape), self.devices)
+        if (dist.shard_parameters and _is_parameter(t)) or id(t) in _slot_ids(dist):
+            return zero_spec(tuple(t.shape), self.devices)
+        return P()
 
     def sharding(self, spec: P) -> NamedSharding:
         return self.replicated if spec == P() else NamedSharding(self.cluster.mesh, spec)
@@ -74,6 +86,21 @@ class SpmdStep:
     def register_born(self, value: Any, spec: P) -> None:
         """Inside the body: ``value`` (a new Tensor's traced array) leaves the step as ``spec``."""
         self._born_specs[id(value)] = spec
+
+    # -- inside the body: sharded parameters (shard_parameters) ----------------------------------
+    def register_gathered(self, full: Any, shard: Any) -> None:
+        """Inside the body: ``full`` was all-gathered from this device's ``shard``."""
+        self._shards[id(full)] = (full, shard)
+
+    def shard_of(self, value: Any, dim: int) -> Any:
+        """Inside the body: this device's part of the full value ``value`` along ``dim`` (the
+        shard it was gathered from, when it was: no slicing, and the gather can go unused)."""
+        known = self._shards.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1]
+        part = value.shape[dim] // self.devices
+        index = jax.lax.axis_index(ZERO_AXES)
+        return jax.lax.dynamic_slice_in_dim(value, index * part, part, axis=dim)
 
     # -- inside the body: what DistOpt's sums do ----------------------------------------------
     def rank_values(self, arrays: List[Any]) -> List[Any]:
@@ -116,13 +143,27 @@ class SpmdStep:
         layer_state = [i for i, t in enumerate(state)
                        if not t.stores_grad and id(t) not in optimizer_ids
                        and jnp.issubdtype(t.dtype, jnp.floating)]
+        # shard_parameters: the parameters come in (and leave) as this device's shard; the step
+        # computes with their whole values, all-gathered here (FSDP)
+        sharded_params = [(i, zero_dim(tuple(t.shape), self.devices)) for i, t in enumerate(state)
+                          if specs[i] != P() and _is_parameter(t)]
 
         def body(state_arrays, keys, batch):
+            self._shards = {}
+            state_arrays = list(state_arrays)
+            for i, d in sharded_params:
+                full = jax.lax.all_gather(state_arrays[i], ZERO_AXES, axis=d, tiled=True)
+                self.register_gathered(full, state_arrays[i])
+                state_arrays[i] = full
             token = _SPMD_BODY.set(self)
             try:
                 new_state, new_keys, extra, results = step(state_arrays, keys, batch)
             finally:
                 _SPMD_BODY.reset(token)
+            if sharded_params:
+                new_state = list(new_state)
+                for i, d in sharded_params:  # (a parameter without gradient: its input shard)
+                    new_state[i] = self.shard_of(new_state[i], d)
             if m > 1:  # per-rank statistics (batch norm): the mean of the rank's devices
                 new_state = list(new_state)
                 for i in layer_state:
@@ -150,8 +191,11 @@ class SpmdStep:
                                 check_vma=False)
         state_avals = [self._global_aval(a, self.sharding(spec))
                        for a, spec in zip(state_arrays, specs)]
-        return jax.jit(program).trace(state_avals, self._global_avals(keys, self.replicated),
-                                      self._global_avals(batch, self.split)).jaxpr
+        try:
+            return jax.jit(program).trace(state_avals, self._global_avals(keys, self.replicated),
+                                          self._global_avals(batch, self.split)).jaxpr
+        finally:
+            self._shards = {}  # (tracers: not kept past the trace)
 
     def _global_aval(self, a: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
         shape = tuple(a.shape)
@@ -199,6 +243,11 @@ def _tensors_of(dist: "DistOpt") -> List[Tensor]:
     """Every Tensor a DistOpt and its optimizer hold (slots, counters, accumulations)."""
     from ..graph import tensors_in  # graph imports opt's package indirectly; import late
     return tensors_in([dist.opt, {k: v for k, v in vars(dist).items() if k != "opt"}])
+
+
+def _is_parameter(t: Tensor) -> bool:
+    """Whether state Tensor ``t`` is a trainable parameter (``shard_parameters`` splits it)."""
+    return bool(t.stores_grad) and jnp.issubdtype(t.dtype, jnp.floating)
 
 
 def _slot_ids(dist: "DistOpt") -> set:
@@ -322,6 +371,104 @@ class _SpmdProgram:
         local_results = [self._local(r) for r in results]
         local_results = [local_results[i] for i in self._restore_order]
         return list(new_state), local_keys, list(extra), local_results
+
+
+# ------------------------------------------------------------------------------------------
+# The state on the mesh outside DistOpt's step: other calls, and reading values
+# ------------------------------------------------------------------------------------------
+# A Model's flag (in its __dict__): the kinds of its calls (True: training, False: evaluation)
+# whose declared state may still lie on the mesh since its last DistOpt step
+_ON_MESH = "_distopt_state_on_mesh"
+
+
+def state_entered_mesh(model: Any) -> None:
+    """Before ``model``'s DistOpt step: its state will live on the mesh afterwards."""
+    model.__dict__[_ON_MESH] = {True, False}
+
+
+def bring_state_home(model: Any, declared: Sequence[Tensor], training: bool) -> None:
+    """Before a call of ``model`` that is not its DistOpt step (eager, or graph-mode
+    evaluation, which compute on the rank's device): the state that lies on the mesh is
+    brought to each Tensor's device -- an evaluation call's ``declared`` state (the layers'),
+    or for a training call everything the step held (the optimizers' slots, hyper-parameter
+    values and guard state, which graph mode found while tracing, too). Nothing is checked per
+    call once done: a training call's state includes an evaluation call's, and the next
+    DistOpt step flags both again (and places the state on the mesh once more: a copy per
+    local device, or a slice per device for sharded state)."""
+    pending = model.__dict__.get(_ON_MESH)
+    if not pending or training not in pending:
+        return
+    if training:
+        to_own_devices([*declared, *model._graph_runner.discovered])
+        pending.clear()
+    else:
+        to_own_devices(declared)
+        pending.discard(False)
+
+
+def to_own_devices(tensors: Sequence[Tensor]) -> None:
+    """Rebind every Tensor whose array lies over several devices to its whole value on its own
+    device (``t.device``): a replicated array gives its shard there (no copy); a sharded one is
+    gathered -- with one collective over every process when it spans other processes' devices
+    (every rank must then get here: a rank alone raises TimeoutError, see :func:`_gathered`)."""
+    across = []
+    for t in tensors:
+        a = t._data
+        if not isinstance(a, jax.Array) or isinstance(a, jax.core.Tracer) or \
+                len(a.sharding.device_set) < 2:
+            continue
+        if a.is_fully_replicated:
+            t._data = _on_device(a, t.device.jax_device)
+        elif a.is_fully_addressable:
+            t._data = jax.device_put(a, t.device.jax_device)
+        else:
+            across.append(t)
+    if across:
+        whole = _gathered([t._data for t in across],
+                          "an eager or evaluation call gathering the model's state split over "
+                          "the processes' devices (shard_parameters): every rank must make it")
+        for t, a in zip(across, whole):
+            t._data = _on_device(a, t.device.jax_device)
+
+
+def host_value(a: jax.Array) -> np.ndarray:
+    """The whole value of ``a`` as a NumPy array (``tensor.to_numpy``): a value sharded over
+    several processes' devices (a ZeRO slot or an FSDP parameter of a multi-process run) is
+    all-gathered, a collective that every rank must run, in the same order -- as every rank
+    calls ``save_states`` or ``to_numpy`` of the same Tensors. The ranks first agree through
+    the coordination service, so a rank reading alone gets a TimeoutError naming the ranks
+    that did not (after ``SINGA_JAX_DIST_TIMEOUT`` seconds) instead of hanging."""
+    if a.is_fully_addressable or a.is_fully_replicated:
+        return np.array(a)
+    return np.array(_gathered([a], f"reading a value {tuple(a.shape)} {a.dtype} split over "
+                                   f"the processes' devices (to_numpy, save_states): every rank "
+                                   f"must read it")[0].addressable_data(0))
+
+
+def _on_device(a: jax.Array, device: jax.Device) -> jax.Array:
+    """A fully replicated ``a`` as a single-device array on ``device`` (its shard there)."""
+    for shard in a.addressable_shards:
+        if shard.device == device:
+            return shard.data
+    return jax.device_put(a.addressable_data(0), device)
+
+
+_REPLICATE: Dict[Any, Callable] = {}  # (mesh, count) -> jitted identity to replicated outputs
+
+
+def _gathered(arrays: List[jax.Array], what: str) -> List[jax.Array]:
+    """``arrays`` (NamedSharding over DistOpt's mesh) replicated over their mesh: one program,
+    a collective over every process after the ranks agreed on it (:func:`cluster._agree`)."""
+    cluster = _CLUSTER[0]
+    if cluster is not None:
+        _agree(cluster, what, repr([(tuple(a.shape), str(a.dtype)) for a in arrays]))
+    mesh = arrays[0].sharding.mesh
+    key = (mesh, len(arrays))
+    program = _REPLICATE.get(key)
+    if program is None:
+        program = _REPLICATE[key] = jax.jit(
+            lambda xs: xs, out_shardings=[NamedSharding(mesh, P())] * len(arrays))
+    return program(list(arrays))
 
 
 # ------------------------------------------------------------------------------------------

@@ -92,7 +92,12 @@ def from_dlpack(x: Any) -> Tensor:
 
 def to_numpy(t: Tensor) -> np.ndarray:
     """A (writable) NumPy copy of ``t``'s value."""
-    return np.array(_check_tensor("to_numpy", "t", t).array)
+    a = _check_tensor("to_numpy", "t", t).array
+    if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and \
+            not a.is_fully_addressable:  # DistOpt's state sharded over several processes
+        from ..opt.spmd import host_value  # (a collective: see docs/distributed.md)
+        return host_value(a)
+    return np.array(a)
 
 
 def to_host(t: Tensor) -> Tensor:
