@@ -1,9 +1,10 @@
 """ONNX import: an ONNX model becomes ONE pure JAX function, run as one singa_jax operator.
 
 ``prepare(model)`` checks the model (``onnx.checker``), looks every node up in the op table
-(:mod:`singa_jax.sonnx.ops`, :mod:`singa_jax.sonnx.nn_ops`, :mod:`singa_jax.sonnx.cast_ops`) and
-rejects, before anything runs, an op type, attribute or attribute value it cannot run, naming
-the node, op type and opset.
+(:mod:`singa_jax.sonnx.ops`, :mod:`singa_jax.sonnx.nn_ops`, :mod:`singa_jax.sonnx.cast_ops`,
+:mod:`singa_jax.sonnx.sequence_ops`) and rejects, before anything runs, an op type, attribute or
+attribute value it cannot run, naming the node, op type and opset (the checked graph:
+:class:`~singa_jax.sonnx.program.GraphProgram`).
 It sorts the initializers: float ones feeding computations become trainable parameters (singa_jax
 Tensors named as in the ONNX file), batch-norm statistics become states, and everything else
 (integer tensors, shapes, axes, scales...) stays a NumPy constant. Values computed only from
@@ -14,17 +15,21 @@ while tracing, so the compiled program sees static shapes and the batch size can
 one cached ``jax.jit`` kernel and whose backward is that kernel's ``jax.vjp``. Parameters are its
 inputs, so ``autograd.backward`` yields their gradients and any singa_jax optimizer trains them;
 inside a Model in graph mode the kernel is traced into the compiled training step.
+
+Sequences and optionals (ONNX's ``seq(...)`` and ``optional(...)`` types) are tuples of arrays and
+None inside the kernel (:mod:`singa_jax.sonnx.sequence_ops`); the operator's inputs and outputs
+are their arrays, flattened: a sequence input of k Tensors is k inputs of the operator.
 """
 from __future__ import annotations
 
 import collections
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 from onnx.backend.base import Backend, BackendRep
 
 from .. import autograd, device as device_module, modes, tensor
@@ -32,10 +37,14 @@ from ..autograd import residuals
 from ..autograd.function import _pullback  # the eager ops' pullback kernel
 from ..layer.base import Layer
 from ..xla_options import kernel
-from . import nn_ops  # noqa: F401 (registers the nn family in OPS)
-from .cast_ops import LOW_BIT_TYPES  # (and registers Cast, CastLike in OPS)
+from .cast_ops import LOW_BIT_TYPES
 from .frontend import make_model_at_opset
-from .ops import OPS, NodeCall, OpSpec, UnsupportedOnnx, jax_dtype
+from .ops import OpSpec, UnsupportedOnnx, jax_dtype
+# the graph program (re-exported: SINGA's names OnnxNode, OnnxAttributes live in its backend)
+from .program import (GraphProgram, HostValues, OnnxAttributes, OnnxNode, ValueInfo,
+                      lookup_spec)
+from .sequence_ops import (SEQUENCE, base_kind, feed_value, map_tensors, output_value,
+                           run_node_type)
 from .singa_names import RENAME_OPERATORS
 
 __all__ = ["OnnxNode", "OnnxAttributes", "GraphProgram", "GraphOp", "GraphWeights", "SingaBackend", "SingaRep",
@@ -55,284 +64,12 @@ NP_TYPE_TO_SINGA_SUPPORT_TYPE: Dict[np.dtype, Optional[np.dtype]] = {
     **{dt: dt for dt in LOW_BIT_TYPES},
 }
 
-# ops whose outputs are known before running whatever their inputs are (they read shapes only)
-_SHAPE_OPS = ("Shape", "Size")
 _INT32 = np.iinfo(np.int32)
 
 
 def onnx_type_to_singa_type(onnx_type: int) -> Optional[np.dtype]:
     """The dtype an ONNX element type (``TensorProto.FLOAT``...) has in singa_jax."""
     return NP_TYPE_TO_SINGA_SUPPORT_TYPE.get(np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type)))
-
-
-class OnnxAttributes(dict):
-    """A node's attributes as a plain ``{name: Python value}`` dict (SINGA's helper)."""
-
-    @staticmethod
-    def from_onnx(args: Iterable[onnx.AttributeProto]) -> "OnnxAttributes":
-        d = OnnxAttributes()
-        for arg in args:
-            value = helper.get_attribute_value(arg)
-            if isinstance(value, bytes):
-                value = value.decode()
-            elif isinstance(value, list) and value and isinstance(value[0], bytes):
-                value = [v.decode() for v in value]
-            d[arg.name] = value
-        return d
-
-
-class OnnxNode:
-    """A NodeProto in a form convenient from Python (SINGA's class). ``weight_inputs`` names the
-    inputs that are parameters or states, ``attr_inputs`` the ones that must be constants."""
-
-    def __init__(self, node: onnx.NodeProto):
-        self.name = str(node.name)
-        self.op_type = str(node.op_type)
-        self.domain = str(node.domain)
-        self.attrs = OnnxAttributes.from_onnx(node.attribute)
-        self.attr_inputs: Dict[str, str] = {}
-        self.weight_inputs: Dict[str, str] = {}
-        self.inputs = list(node.input)
-        self.outputs = list(node.output)
-
-    def getattr(self, key: str, default: Any = None) -> Any:
-        return self.attrs[key] if key in self.attrs else default
-
-    def set_attr_inputs(self, key: str, name: str) -> None:
-        self.attr_inputs[key] = name
-
-    def del_attr_inputs(self, key: str) -> None:
-        del self.attr_inputs[key]
-
-    def set_weight_inputs(self, key: str, name: str) -> None:
-        self.weight_inputs[key] = name
-
-    def del_weight_inputs(self, key: str) -> None:
-        del self.weight_inputs[key]
-
-
-ValueInfo = collections.namedtuple("ValueInfo", ["name", "dtype", "shape"])
-
-
-def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
-    t = vi.type.tensor_type
-    shape = None if not t.HasField("shape") else \
-        tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
-    return ValueInfo(vi.name, t.elem_type, shape)
-
-
-def node_call(node: OnnxNode, opset: int, training: bool = False, key: Any = None) -> NodeCall:
-    """What a node's function sees (a fresh attribute dict: functions may add defaults)."""
-    n_out = len(node.outputs)
-    while n_out > 1 and not node.outputs[n_out - 1]:  # omitted trailing optional outputs
-        n_out -= 1
-    return NodeCall(node.name, node.op_type, opset, dict(node.attrs), n_out, training, key)
-
-
-def lookup_spec(node: OnnxNode, opset: int) -> OpSpec:
-    """The op-table row that runs ``node``; UnsupportedOnnx naming the node, op type, opset and
-    what is missing when there is none or it cannot run this node."""
-    where = f"node '{node.name}' ({node.op_type}, opset {opset})"
-    if node.domain not in ("", "ai.onnx"):
-        raise UnsupportedOnnx(f"{where}: operator domain '{node.domain}' is not supported "
-                              f"(only the default ONNX domain)")
-    spec = OPS.get(node.op_type)
-    if spec is None:
-        raise UnsupportedOnnx(f"{where}: op type '{node.op_type}' is not supported (see the "
-                              f"op table in docs/onnx.md)")
-    unknown = sorted(set(node.attrs) - set(spec.attrs))
-    if unknown:
-        raise UnsupportedOnnx(f"{where}: attribute(s) {unknown} not supported (this op "
-                              f"understands {list(spec.attrs) or 'none'})")
-    reason = spec.check(node_call(node, opset)) if spec.check else None
-    if reason:
-        raise UnsupportedOnnx(f"{where}: {reason} is not supported")
-    if node.op_type == "LSTM" and len(node.inputs) > 7 and node.inputs[7]:
-        raise UnsupportedOnnx(f"{where}: peephole weights (input P) are not supported")
-    return spec
-
-
-# ------------------------------------------------------------------------------------------
-# the program: a checked, sorted graph that evaluates as one pure function
-# ------------------------------------------------------------------------------------------
-class GraphProgram:
-    """An ONNX graph ready to run: nodes with their table rows, constants, and which names are
-    inputs, host inputs (graph inputs whose values decide shapes), parameters and states.
-    Hashed by identity: it is a static argument of the jitted kernels."""
-
-    def __init__(self, graph: onnx.GraphProto, opset: int):
-        self.opset = opset
-        self.name = graph.name
-        init = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-        self.inputs = [_value_info(v) for v in graph.input if v.name not in init]
-        self.outputs = [_value_info(v) for v in graph.output]
-        self.nodes: List[Tuple[OnnxNode, OpSpec]] = []
-        for i, proto in enumerate(graph.node):
-            node = OnnxNode(proto)
-            node.name = node.name or f"{node.op_type}_{i}"
-            self.nodes.append((node, lookup_spec(node, opset)))
-        self.params, self.states, self.constants = self._sort_initializers(init)
-        self.host_inputs = self._find_host_inputs()
-        self.value_dependent = any(spec.value_dependent and not self._all_const(node)
-                                   for node, spec in self.nodes)
-        self.needs_key = any(spec.needs_key for _, spec in self.nodes)
-        # a Dropout told to train by its training_mode input draws a key in inference too
-        self.key_in_eval = any(node.op_type == "Dropout" and len(node.inputs) > 2 and
-                               node.inputs[2] for node, _ in self.nodes)
-        self.producer = {out: k for k, (node, _) in enumerate(self.nodes) for out in node.outputs}
-
-    # --- prepare-time checks --------------------------------------------------------------
-    def _call(self, node: OnnxNode, training: bool = False, key: Any = None) -> NodeCall:
-        return node_call(node, self.opset, training, key)
-
-    def _sort_initializers(self, init: Dict[str, np.ndarray]):
-        """Float initializers used in a computed position -> parameters; used as batch-norm
-        statistics -> states; everything else stays a NumPy constant."""
-        weight_use, state_use = set(), set()
-        for node, spec in self.nodes:
-            for pos, name in enumerate(node.inputs):
-                if name not in init:
-                    continue
-                if pos in spec.state:
-                    state_use.add(name)
-                    node.set_weight_inputs(name, name)
-                elif pos in spec.static or pos in spec.const:
-                    node.set_attr_inputs(name, name)
-                else:
-                    weight_use.add(name)
-                    node.set_weight_inputs(name, name)
-        params, states, consts = {}, {}, {}
-        for name, arr in init.items():
-            floating = np.issubdtype(arr.dtype, np.floating)
-            if floating and name in state_use:
-                states[name] = arr
-            elif floating and name in weight_use:
-                params[name] = arr
-            else:
-                consts[name] = arr
-        return params, states, consts
-
-    def _all_const(self, node: OnnxNode, const: Optional[set] = None) -> bool:
-        const = self._const_names() if const is None else const
-        return all(not n or n in const for n in node.inputs)
-
-    def _const_names(self, host: Iterable[str] = ()) -> set:
-        """Names whose values are known before running (given the host inputs)."""
-        const = set(self.constants) | set(host)
-        for node, spec in self.nodes:
-            if node.op_type in _SHAPE_OPS or (not spec.needs_key and
-                                              all(not n or n in const for n in node.inputs)):
-                const.update(node.outputs)
-        return const
-
-    def _find_host_inputs(self) -> Tuple[str, ...]:
-        """Graph inputs that reach an input that must be constant: their values are read on the
-        host and key the compiled program. Anything else reaching one is an error."""
-        inputs = {v.name for v in self.inputs}
-        producer = {o: node for node, _ in self.nodes for o in node.outputs}
-        const, host = self._const_names(), set()
-        for node, spec in self.nodes:
-            for pos in spec.static:
-                if pos >= len(node.inputs) or not node.inputs[pos] or node.inputs[pos] in const:
-                    continue
-                stack, seen = [node.inputs[pos]], set()
-                while stack:
-                    name = stack.pop()
-                    if name in seen or name in const:
-                        continue
-                    seen.add(name)
-                    if name in inputs:
-                        host.add(name)
-                    elif name in producer and producer[name].op_type not in _SHAPE_OPS:
-                        stack.extend(n for n in producer[name].inputs if n)
-                    else:
-                        raise UnsupportedOnnx(
-                            f"node '{node.name}' ({node.op_type}, opset {self.opset}): input "
-                            f"{pos} ('{node.inputs[pos]}') must be known before running, but it "
-                            f"depends on '{name}', a trained or computed value")
-        return tuple(v.name for v in self.inputs if v.name in host)
-
-    # --- evaluation ------------------------------------------------------------------------
-    def evaluate(self, wanted: Tuple[str, ...], training: bool, host: "HostValues", key: Any,
-                 inputs: Sequence[Any], params: Sequence[Any], states: Sequence[Any]
-                 ) -> Tuple[Tuple[Any, ...], Tuple[Any, ...]]:
-        """(values of ``wanted``, new values of the states) — pure; jit-able."""
-        env: Dict[str, Any] = dict(self.constants)
-        env.update(zip([v.name for v in self.dynamic_inputs()], inputs))
-        env.update(host.values)
-        env.update(zip(self.params, params))
-        env.update(zip(self.states, states))
-        updates = {}
-        keys = iter(jax.random.split(key, len(self.nodes))) if key is not None else None
-        for node, spec in self.nodes[:self._last_needed(wanted) + 1]:
-            args = [env[n] if n else None for n in node.inputs]
-            call = self._call(node, training, next(keys) if keys is not None else None)
-            call.state_updates = {}
-            try:
-                outs = self._run_node(node, spec, call, args)
-            except (TypeError, ValueError) as e:
-                # JAX's own shape errors (a Gemm fed a batch that a Reshape constant folded into
-                # another axis) name no node: say which one, and the shapes it was given
-                if type(e) not in (TypeError, ValueError) or str(e).startswith("node '"):
-                    raise
-                shapes = [None if a is None else tuple(np.shape(a)) for a in args]
-                raise type(e)(f"node '{node.name}' ({node.op_type}, opset {self.opset}) on "
-                              f"inputs of shapes {shapes}: {e}") from e
-            env.update(zip(node.outputs, outs))
-            for pos, value in call.state_updates.items():
-                updates[node.inputs[pos]] = value
-        outs = tuple(env[n] for n in wanted)
-        return outs, tuple(updates.get(n, env[n]) for n in self.states)
-
-    def _last_needed(self, wanted: Sequence[str]) -> int:
-        return max([self.producer[n] for n in wanted if n in self.producer], default=-1)
-
-    @staticmethod
-    def _run_node(node: OnnxNode, spec: OpSpec, call: NodeCall, args: List[Any]):
-        folded = (node.op_type in _SHAPE_OPS and args and args[0] is not None) or \
-            (not spec.needs_key and all(a is None or isinstance(a, np.ndarray) for a in args))
-        if node.op_type in _SHAPE_OPS:
-            out = spec.fn(call, *args)
-        elif folded:
-            with jax.ensure_compile_time_eval():
-                out = spec.fn(call, *[a if i in spec.static else _as_dynamic(a)
-                                      for i, a in enumerate(args)])
-        else:
-            out = spec.fn(call, *[a if i in spec.static else _as_dynamic(a)
-                                  for i, a in enumerate(args)])
-        outs = out if isinstance(out, tuple) else (out,)
-        if folded:
-            outs = tuple(np.asarray(o) for o in outs)
-        return outs
-
-    def dynamic_inputs(self) -> List[ValueInfo]:
-        return [v for v in self.inputs if v.name not in self.host_inputs]
-
-
-def _as_dynamic(a: Any) -> Any:
-    """A constant as JAX takes it: 64-bit NumPy values become 32-bit (ints clipped, so that
-    ONNX's INT64_MAX sentinels stay "very large")."""
-    if not isinstance(a, np.ndarray):
-        return a
-    if a.dtype == np.int64:
-        return jnp.asarray(np.clip(a, _INT32.min, _INT32.max).astype(np.int32))
-    if a.dtype == np.uint64:
-        return jnp.asarray(np.minimum(a, np.iinfo(np.uint32).max).astype(np.uint32))
-    return jnp.asarray(a)
-
-
-class HostValues:
-    """The host inputs' values, hashable by content: a static argument of the kernels."""
-
-    def __init__(self, values: Dict[str, np.ndarray]):
-        self.values = values
-        self._key = tuple((k, v.dtype.str, v.shape, v.tobytes()) for k, v in values.items())
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, HostValues) and self._key == other._key
 
 
 # ------------------------------------------------------------------------------------------
@@ -345,13 +82,16 @@ def _graph_forward(program: GraphProgram, wanted, training, host, key, inputs, p
 
 @kernel(static_argnums=(0, 1, 2, 3, 4))
 def _graph_forward_vjp(program, wanted, training, host, diff, key, inputs, params, states):
-    n_in = len(inputs)
+    # inputs: one pytree per dynamic input (a sequence: a tuple); diff marks the flat arrays
+    flat, tree = jax.tree_util.tree_flatten(tuple(inputs))
+    n_in = len(flat)
 
     def f(*xs):
-        return program.evaluate(wanted, training, host, key, xs[:n_in], xs[n_in:], states)
+        return program.evaluate(wanted, training, host, key, tree.unflatten(xs[:n_in]),
+                                xs[n_in:], states)
 
     # no copies of the inputs or outputs the pullback keeps
-    return residuals.vjp(f, diff, list(inputs) + list(params))
+    return residuals.vjp(f, diff, flat + list(params))
 
 
 def _cotangent(dy: Any, aval: jax.ShapeDtypeStruct) -> Any:
@@ -363,14 +103,21 @@ def _cotangent(dy: Any, aval: jax.ShapeDtypeStruct) -> Any:
 
 
 class GraphOp(autograd.Operator):
-    """The imported graph as one autograd operator. Inputs: the graph's dynamic inputs, then its
-    parameters, then its states; outputs: the wanted values, then the states' new values."""
+    """The imported graph as one autograd operator. Inputs: the arrays of the graph's dynamic
+    inputs, then its parameters, then its states; outputs: the arrays of the wanted values,
+    then the states' new values. A sequence (or optional) input or output contributes its
+    arrays, flattened: ``in_tree`` (the treedef of the dynamic inputs' values, a tuple with a
+    tuple per sequence and None per empty optional; None: one array each) puts them back
+    together, and the forward sets ``out_tree``, the wanted values' treedef."""
 
     takes_arrays = True  # forward/backward see jax.Arrays (not SINGA's CTensors)
 
-    def __init__(self, program: GraphProgram, wanted: Tuple[str, ...], host: HostValues):
+    def __init__(self, program: GraphProgram, wanted: Tuple[str, ...], host: HostValues,
+                 in_tree: Any = None):
         super().__init__(name=f"ONNX:{program.name or 'graph'}")
         self.program, self.wanted, self.host = program, wanted, host
+        self.in_tree = in_tree
+        self.out_tree = None
         self._vjp = None
 
     def __call__(self, *xs: tensor.Tensor):
@@ -380,11 +127,14 @@ class GraphOp(autograd.Operator):
 
     def forward(self, *arrays):
         p = self.program
-        n_in, n_par = len(p.dynamic_inputs()), len(p.params)
-        inputs, params = arrays[:n_in], arrays[n_in:n_in + n_par]
+        n_in = len(p.dynamic_inputs()) if self.in_tree is None else self.in_tree.num_leaves
+        n_par = len(p.params)
+        flat_inputs, params = list(arrays[:n_in]), arrays[n_in:n_in + n_par]
+        inputs = tuple(flat_inputs) if self.in_tree is None else \
+            tuple(self.in_tree.unflatten(flat_inputs))
         states = arrays[n_in + n_par:]
         training = bool(autograd.training)
-        key = None
+        key, differentiated = None, False
         if (p.needs_key and training) or p.key_in_eval:
             key = (self.device or device_module.get_default_device()).next_key()
         if p.value_dependent:  # output shapes depend on values: run op by op, no jit
@@ -393,19 +143,23 @@ class GraphOp(autograd.Operator):
         elif self.requires_grad and training and any(self._diff):
             outs, vjp, updates = _graph_forward_vjp(p, self.wanted, training, self.host,
                                                     self._diff, key, inputs, params, states)
-            self._vjp = residuals.join(vjp, list(inputs) + list(params), outs)
-            self._avals = tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs)
+            self._vjp = residuals.join(vjp, flat_inputs + list(params), outs)
+            differentiated = True
         else:
             outs, updates = _graph_forward(p, self.wanted, training, self.host, key, inputs,
                                            params, states)
-        return tuple(jnp.asarray(o) for o in outs) + tuple(updates)
+        flat_outs, self.out_tree = jax.tree_util.tree_flatten(outs)
+        flat_outs = [jnp.asarray(o) for o in flat_outs]
+        if differentiated:
+            self._avals = tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in flat_outs)
+        return tuple(flat_outs) + tuple(updates)
 
     def backward(self, *dys):
         if self._vjp is None:
             raise RuntimeError(f"{self.name}: backward needs a forward run in training mode "
                                f"(autograd.training = True) with an input that requires grad")
-        cts = tuple(_cotangent(d, a) for d, a in zip(dys, self._avals))
-        grads = iter(_pullback(self._vjp, cts))
+        cts = [_cotangent(d, a) for d, a in zip(dys, self._avals)]
+        grads = iter(_pullback(self._vjp, self.out_tree.unflatten(cts)))
         self._vjp = None
         dxs = [next(grads) if d else None for d in self._diff]
         return tuple(dxs) + (None,) * len(self.program.states)
@@ -500,15 +254,17 @@ class SingaRep(BackendRep):
             if name:
                 self.get_s(name, node, tensor_dict)
 
-    def to_input_tensor(self, x: Sequence[Any]) -> Dict[str, tensor.Tensor]:
+    def to_input_tensor(self, x: Sequence[Any]) -> Dict[str, Any]:
         """``{input name: Tensor}`` from the arrays or Tensors ``x`` (arrays go to ``dev``),
         checked against the graph's declared inputs (count, rank, fixed dimensions but the
-        leading, batch one, element kind)."""
+        leading, batch one, element kind). A sequence input's value is a tuple of Tensors, an
+        empty optional's None."""
         self._check_count(x)
         return self._feeds(x, self.dev)
 
-    def _feeds(self, x: Sequence[Any], dev: device_module.Device) -> Dict[str, tensor.Tensor]:
-        return {info.name: self._check_input(info, value, dev)
+    def _feeds(self, x: Sequence[Any], dev: device_module.Device) -> Dict[str, Any]:
+        return {info.name: feed_value(info.kind, value, f"{self._what()}: input '{info.name}'",
+                                      lambda v, elem: self._check_input(info, v, dev, elem))
                 for info, value in zip(self.inputs, x)}
 
     def _check_count(self, x: Sequence[Any]) -> None:
@@ -517,7 +273,8 @@ class SingaRep(BackendRep):
                              f"{[v.name for v in self.inputs]}, got {len(x)}")
 
     def to_output_tensor(self, y: tensor.Tensor, out_name: str) -> np.ndarray:
-        """A result as a NumPy array of the graph's declared element type."""
+        """A result (or one tensor of a sequence result) as a NumPy array of the graph's
+        declared element type."""
         arr = np.asarray(y.array if isinstance(y, tensor.Tensor) else y)
         info = self.outputs_info.get(out_name)
         if info is not None and info.dtype:
@@ -529,11 +286,12 @@ class SingaRep(BackendRep):
         """Run the model on ``x`` (a list of arrays or Tensors, in the graph's input order).
 
         Returns the graph outputs as NumPy arrays (when ``x`` holds arrays) or Tensors (when it
-        holds Tensors; differentiable, for training). ``last_layers=k`` stops after node k and
-        returns its outputs; a negative k is node (k + 1) mod n, SINGA's rule: -1 is the first
-        node (SINGA's test_inference expects the first conv's output), -2 the whole graph, -3
-        all but the last node. ``aux_output`` adds the values of other names."""
-        as_numpy = not any(isinstance(v, tensor.Tensor) for v in x)
+        holds Tensors; differentiable, for training). A sequence (input or output) is a list of
+        them, an empty optional None. ``last_layers=k`` stops after node k and returns its
+        outputs; a negative k is node (k + 1) mod n, SINGA's rule: -1 is the first node
+        (SINGA's test_inference expects the first conv's output), -2 the whole graph, -3 all
+        but the last node. ``aux_output`` adds the values of other names."""
+        as_numpy = not any(isinstance(v, tensor.Tensor) for _, v in _tensors_of(self.inputs, x))
         if as_numpy:  # arrays in: inference (the ONNX backend API), whatever autograd.training
             with modes.training_mode(False):
                 return self._run(x, as_numpy, **kwargs)
@@ -547,29 +305,35 @@ class SingaRep(BackendRep):
         wanted = self._wanted(kwargs.get("last_layers"), kwargs.get("aux_output", ()))
         host = HostValues({n: _host_value(self._what(), n, feeds[n]) for n in
                            self.program.host_inputs})
+        # the dynamic inputs' Tensors, flattened (a sequence gives its Tensors, an empty
+        # optional none); the treedef puts them back together inside the kernel
+        dynamic = tuple(feeds[v.name] for v in self.program.dynamic_inputs())
+        flat, in_tree = jax.tree_util.tree_flatten(
+            dynamic, is_leaf=lambda v: isinstance(v, tensor.Tensor))
         # every check passed: only now may the weights move
         if dev is not self.dev:
             self._move_weights(dev)
         if not as_numpy:
             self._placed = True
-        op = GraphOp(self.program, wanted, host)
-        args = [feeds[v.name] for v in self.program.dynamic_inputs()]
-        args += [self.params[n] for n in self.program.params]
+        op = GraphOp(self.program, wanted, host, in_tree)
+        args = flat + [self.params[n] for n in self.program.params]
         args += [self.states[n] for n in self.program.states]
         ys = op(*args)
-        outs, new_states = ys[:len(wanted)], ys[len(wanted):]
+        n_out = op.out_tree.num_leaves
+        outs = op.out_tree.unflatten(ys[:n_out])
+        new_states = ys[n_out:]
         if autograd.training:
             for name, t in zip(self.program.states, new_states):
                 self.states[name].array = t.array
         if as_numpy:
-            return [self.to_output_tensor(y, n) for y, n in zip(outs, wanted)]
-        return list(outs)
+            return [output_value(y, lambda t, n=n: self.to_output_tensor(t, n))
+                    for y, n in zip(outs, wanted)]
+        return [output_value(y, lambda t: t) for y in outs]
 
     def _run_device(self, x: Sequence[Any]) -> device_module.Device:
         """The device this run computes on: that of its Tensor inputs (which must share one),
         else ``dev``. Raises when the weights cannot follow it there."""
-        tensors = [(info.name, v) for info, v in zip(self.inputs, x)
-                   if isinstance(v, tensor.Tensor)]
+        tensors = [(n, v) for n, v in _tensors_of(self.inputs, x) if isinstance(v, tensor.Tensor)]
         if not tensors:
             return self.dev
         name, first = tensors[0]
@@ -624,9 +388,11 @@ class SingaRep(BackendRep):
             raise ValueError(f"{self._what()}: no value named {missing} in the graph")
         return tuple(names)
 
-    def _check_input(self, info: ValueInfo, value: Any, dev: device_module.Device
-                     ) -> tensor.Tensor:
-        what = f"{self._what()}: input '{info.name}'"
+    def _check_input(self, info: ValueInfo, value: Any, dev: device_module.Device,
+                     element: str = "") -> tensor.Tensor:
+        """One tensor of input ``info`` (``element`` names a sequence's element) as a Tensor
+        on ``dev``, checked against the declared shape and element type."""
+        what = f"{self._what()}: input '{info.name}'{element}"
         t = value if isinstance(value, tensor.Tensor) else None
         arr_shape = tuple(t.shape) if t is not None else np.shape(value)
         want = jax_dtype(info.dtype) if info.dtype else None
@@ -680,12 +446,28 @@ def _to_jax(arr: np.ndarray) -> np.ndarray:
     return arr.astype(dt)
 
 
-def _host_value(what: str, name: str, t: tensor.Tensor) -> np.ndarray:
-    if isinstance(t.array, jax.core.Tracer):
-        raise ValueError(f"{what}: input '{name}' decides output shapes, so its value must be "
-                         f"known: pass it as an array (graph mode traces it)")
-    return np.asarray(t.array).astype(np.int64) if np.issubdtype(t.dtype, np.integer) \
-        else np.asarray(t.array)
+def _host_value(what: str, name: str, value: Any) -> Any:
+    """A host input's value on the host (a sequence's: a tuple of arrays; an empty optional's:
+    None)."""
+    def read(t: tensor.Tensor) -> np.ndarray:
+        if isinstance(t.array, jax.core.Tracer):
+            raise ValueError(f"{what}: input '{name}' decides output shapes, so its value must "
+                             f"be known: pass it as an array (graph mode traces it)")
+        return np.asarray(t.array).astype(np.int64) if np.issubdtype(t.dtype, np.integer) \
+            else np.asarray(t.array)
+    return map_tensors(read, value)
+
+
+def _tensors_of(inputs: Sequence[ValueInfo], x: Sequence[Any]) -> List[Tuple[str, Any]]:
+    """``(input name, value)`` for every tensor of the run's inputs ``x``: a sequence input's
+    items one by one (a list of arrays or Tensors given for a tensor input is one array)."""
+    out = []
+    for info, value in zip(inputs, x):
+        if base_kind(info.kind) == SEQUENCE and isinstance(value, (list, tuple)):
+            out += [(f"{info.name}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            out.append((info.name, value))
+    return out
 
 
 def _device(device: Any):
@@ -738,14 +520,16 @@ class SingaBackend(Backend):
                  opset_version: int = _opset_version, **kwargs: Any
                  ) -> "collections.OrderedDict[str, np.ndarray]":
         """Run one node on ``inputs`` (arrays, in the node's non-empty input order); returns
-        ``{output name: array}``."""
-        names = [n for n in node.input if n]
-        if len(names) != len(inputs):
-            raise ValueError(f"run_node: node '{node.name}' ({node.op_type}) takes {len(names)} "
+        ``{output name: array}``. Where the op takes a sequence, a list of arrays is one (and
+        the output a list of arrays); None is an empty optional (an output too)."""
+        named = [(i, n) for i, n in enumerate(node.input) if n]
+        if len(named) != len(inputs):
+            raise ValueError(f"run_node: node '{node.name}' ({node.op_type}) takes {len(named)} "
                              f"inputs, got {len(inputs)}")
-        arrays = [np.asarray(a) for a in inputs]
-        vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-               for n, a in zip(names, arrays)]
+        types = [run_node_type(node, i, opset_version, v) for (i, _), v in zip(named, inputs)]
+        vis = [helper.make_value_info(n, tp) for (_, n), tp in zip(named, types)]
+        arrays = [None if v is None else [np.asarray(a) for a in v]
+                  if _sequence_type(tp) else np.asarray(v) for v, tp in zip(inputs, types)]
         outs = [onnx.ValueInfoProto(name=n) for n in node.output if n]
         graph = helper.make_graph([node], "run_node", vis, outs)
         # the IR version of the opset, not onnx's newest: the model stays loadable by any
@@ -754,6 +538,13 @@ class SingaBackend(Backend):
         model = onnx.shape_inference.infer_shapes(model)  # types the outputs for the checker
         rep = SingaBackend.prepare(model, device)
         return collections.OrderedDict(zip([o.name for o in outs], rep.run(arrays)))
+
+
+def _sequence_type(tp: onnx.TypeProto) -> bool:
+    """Whether ``tp`` is a sequence type, or an optional of one."""
+    if tp.HasField("optional_type"):
+        tp = tp.optional_type.elem_type
+    return tp.HasField("sequence_type")
 
 
 def _default_opset(model: onnx.ModelProto) -> int:

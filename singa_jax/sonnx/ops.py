@@ -8,13 +8,15 @@ autograd operator, so gradients reach every parameter through ``jax.vjp``.
 
 Calling convention: ``fn(call, *inputs)`` where ``call`` is the :class:`NodeCall` (attributes,
 opset, training flag, PRNG key) and ``inputs`` are arrays (``None`` for an omitted optional
-input). Inputs listed in ``static`` arrive as NumPy arrays (shapes, axes, pads...): their values
-decide output shapes, which XLA must know while compiling. The function returns one array or a
-tuple (one per ONNX output).
+input; a sequence is a tuple of arrays, an empty optional None: see sequence_ops). Inputs listed
+in ``static`` arrive as NumPy arrays (shapes, axes, pads...): their values decide output shapes,
+which XLA must know while compiling. The function returns one array or a tuple (one per ONNX
+output; so a sequence output comes back as ``(seq,)``).
 
 This file holds the infrastructure and the elementwise, shape and reduction families;
 :mod:`singa_jax.sonnx.nn_ops` holds convolution, pooling, normalisation, resizing and RNNs;
-:mod:`singa_jax.sonnx.cast_ops` holds Cast and CastLike (with ONNX's 8-, 4- and 2-bit types).
+:mod:`singa_jax.sonnx.cast_ops` holds Cast and CastLike (with ONNX's 8-, 4- and 2-bit types);
+:mod:`singa_jax.sonnx.sequence_ops` the sequence and optional ops, and Identity.
 """
 from __future__ import annotations
 
@@ -170,7 +172,7 @@ UNARY: Dict[str, Callable] = {
     "Abs": jnp.abs, "Acos": jnp.arccos, "Acosh": jnp.arccosh, "Asin": jnp.arcsin,
     "Asinh": jnp.arcsinh, "Atan": jnp.arctan, "Atanh": jnp.arctanh, "Ceil": jnp.ceil,
     "Cos": jnp.cos, "Cosh": jnp.cosh, "Erf": jsp.erf, "Exp": jnp.exp, "Floor": jnp.floor,
-    "Identity": lambda x: x, "Log": jnp.log, "Neg": jnp.negative, "Not": jnp.logical_not,
+    "Log": jnp.log, "Neg": jnp.negative, "Not": jnp.logical_not,
     "Reciprocal": lambda x: 1 / x, "Relu": jax.nn.relu, "Round": jnp.round,
     "Sigmoid": jax.nn.sigmoid, "Sign": jnp.sign, "Sin": jnp.sin, "Sinh": jnp.sinh,
     "Softplus": jax.nn.softplus, "Softsign": lambda x: x / (1 + jnp.abs(x)), "Sqrt": jnp.sqrt,
@@ -741,7 +743,8 @@ register("TopK", _topk, attrs=("axis", "largest", "sorted"), static=(1,),
 def op_table_rows() -> Sequence[Tuple[str, str, str, str]]:
     """(op type, attributes, inputs that must be constants, summary) for every supported op,
     sorted by op type."""
-    from . import cast_ops, nn_ops  # noqa: F401 (register the cast and nn families)
+    # register the other families (Identity, which takes sequences too, is in sequence_ops)
+    from . import cast_ops, nn_ops, sequence_ops  # noqa: F401
     rows = []
     for name in sorted(OPS):
         spec = OPS[name]
