@@ -8,9 +8,19 @@ data:  mnist (default), cifar10, cifar100.  With ``--data-dir`` the standard MNI
 CIFAR python batches are read from that folder; without it the data is scikit-learn's bundled
 8x8 digits upsampled to 28x28 (mnist) or 32x32x3 (cifar*), so the default run needs no download.
 
-Each epoch shows a progress bar (loss, accuracy, images/s), prints a summary and saves a
-checkpoint in SINGA's zip format (``Model.save_states``); ``--resume`` continues from it.
-``--quick`` trains a few small batches (used by the tests).
+Batches come from ``singa_jax.data.DeviceLoader``: a background thread slices them, puts them
+on the device (split over the devices when graph mode runs a DistOpt over several) and runs
+the augmentation (random shifts, flips) and the resize to the model's input as one jitted
+function there, two batches ahead of the step. The loop rebinds the model's input Tensors to
+those device arrays and keeps each step's loss and correct count on the device; the host reads
+them when the progress bar refreshes (every 0.5 s) and at the epoch's end, so it never waits
+for a step without need.
+
+Each epoch shows a progress bar (loss, accuracy, images/s, the share of time spent waiting
+for input), prints a summary -- with how the training time split between the step, waiting
+for input and other host work -- and saves a checkpoint in SINGA's zip format
+(``Model.save_states``); ``--resume`` continues from it. ``--quick`` trains a few small
+batches (used by the tests).
 """
 import argparse
 import importlib
@@ -18,14 +28,16 @@ import os
 import sys
 import time
 
+import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # examples/: common, mlp
 sys.path.insert(0, HERE)  # examples/cnn: model, data
-from common.digits import resize_images  # noqa: E402
-from common.training import (Progress, accuracy, load_checkpoint, pick_device,  # noqa: E402
-                             save_checkpoint, scalar)
+from common.training import (DeviceProgress, beside, correct_in,  # noqa: E402
+                             load_checkpoint, pick_device, save_checkpoint)
+from singa_jax import data as pipeline  # noqa: E402  (``data`` is the dataset's name here)
 from singa_jax import opt, tensor  # noqa: E402
 
 np_dtype = {"float16": np.float16, "float32": np.float32}
@@ -52,20 +64,43 @@ QUICK_EPOCHS, QUICK_TRAIN_BATCHES, QUICK_EVAL_BATCHES, QUICK_BATCH = 3, 4, 2, 16
 # largest random shift (pixels) of the training images; SINGA uses 4 for every dataset, but the
 # digits fill their whole (upsampled) frame, so they are shifted less
 MAX_SHIFT = {'mnist': 2, 'cifar10': 4, 'cifar100': 4}
+# batches the loader makes ahead of the step
+PREFETCH = 2
+# steps the host may dispatch ahead of the device (more only holds more batches in memory)
+IN_FLIGHT = 2
+# the share of the training time outside the step above which the epoch line flags it
+OUTSIDE_STEP_WARNING = 0.10
 
 
-def augmentation(x, rng, flip, shift=4):
-    """Random shifts of up to ``shift`` pixels (symmetric padding, then a random crop) and, when
-    ``flip``, random horizontal flips, as SINGA's example does. Digits are not mirror-symmetric,
-    so MNIST-like data is only shifted."""
-    side = x.shape[2]
-    padded = np.pad(x, [[0, 0], [0, 0], [shift, shift], [shift, shift]], 'symmetric')
-    out = np.empty_like(x)
-    for i in range(x.shape[0]):
-        top, left = rng.randint(2 * shift + 1, size=2)
-        crop = padded[i, :, top:top + side, left:left + side]
-        out[i] = crop[:, :, ::-1] if flip and rng.randint(2) else crop
-    return out
+def transforms(net, data, flip, precision, train):
+    """The device-side transform of a batch: for training, random shifts of up to
+    ``MAX_SHIFT[data]`` pixels (symmetric padding, then a random crop) and, when ``flip``,
+    random horizontal flips, as SINGA's example does (digits are not mirror-symmetric, so
+    MNIST-like data is only shifted); then the resize to the model's input (AlexNet, ResNet and
+    Xception take larger images than the data) and the cast to the model's dtype. An MLP
+    takes flat rows."""
+    if net.dimension != 4:
+        return pipeline.compose(pipeline.flatten(), pipeline.cast(np_dtype[precision]))
+    pieces = []
+    if train:
+        pieces.append(pipeline.random_shift(MAX_SHIFT[data], mode='symmetric'))
+        if flip:
+            pieces.append(pipeline.random_flip())
+    pieces += [pipeline.resize(net.input_size), pipeline.cast(np_dtype[precision])]
+    return pipeline.compose(*pieces)
+
+
+def batch_placement(sgd, graph, dev):
+    """Where the training batches go: split over this process's devices when graph mode runs a
+    DistOpt over several of them in one process (the compiled step splits the batch over the
+    mesh; a batch already laid out that way is taken as it is), else on ``dev``. With several
+    processes each rank hands its own batch to the step, which places it on the mesh itself
+    (opt/spmd.py), so it stays on the rank's device."""
+    if graph and isinstance(sgd, opt.DistOpt) and sgd.world_size == 1 \
+            and jax.local_device_count() > 1:
+        mesh = sgd.mesh  # the mesh the compiled step splits the batch over
+        return {'sharding': NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))}
+    return {'device': dev}
 
 
 def build_model(name, num_channels, num_classes, data_size, quick):
@@ -79,35 +114,32 @@ def build_model(name, num_channels, num_classes, data_size, quick):
     return factory(**kwargs)
 
 
-def prepare(x, net, precision):
-    """A host batch in the layout and size the model takes."""
-    if net.dimension == 4:
-        if x.shape[2] != net.input_size:
-            x = resize_images(x, net.input_size)
-    else:
-        x = x.reshape(x.shape[0], -1)
-    return x.astype(np_dtype[precision])
-
-
-def evaluate(net, val_x, val_y, tx, batch_size, precision, max_batches=None):
-    """Test accuracy over every test image; the last short batch is zero-padded so the input
-    shape (and a graph-mode compilation) stays the same."""
+def evaluate(net, loader, tx):
+    """Test accuracy over every test image (the loader zero-pads the last short batch so the
+    input shape, and a graph-mode compilation, stays the same). The correct counts stay on
+    the device until the pass ends."""
     net.eval()
-    correct, seen = 0, 0
-    starts = range(0, len(val_y), batch_size)
-    if max_batches is not None:
-        starts = starts[:max_batches]
-    for start in starts:
-        x = val_x[start:start + batch_size]
-        y = val_y[start:start + batch_size]
-        count = len(y)
-        if count < batch_size:
-            x = np.concatenate([x, np.zeros((batch_size - count,) + x.shape[1:], x.dtype)])
-        tx.copy_from_numpy(prepare(x, net, precision))
-        out = tensor.to_numpy(net(tx))[:count]
-        correct += accuracy(out, y)
-        seen += count
-    return correct / max(seen, 1)
+    correct, seen = [], 0
+    batches = loader.epoch(0)
+    for x, y in batches:
+        tx.array = x
+        out = net(tx).array
+        correct.append(correct_in(out, beside(y, out), batches.count))
+        seen += batches.count
+        if len(correct) > IN_FLIGHT:  # keep the host at most IN_FLIGHT batches ahead
+            correct[-1 - IN_FLIGHT].block_until_ready()
+    return int(np.sum(jax.device_get(correct))) / max(seen, 1)
+
+
+def time_shares(split):
+    """The epoch line's account of where the training time went."""
+    text = (f"step {split['step']:.0%} of training time (input wait {split['input']:.0%}, "
+            f"host {split['host']:.0%})")
+    if split['input'] > split['host'] and 1 - split['step'] > OUTSIDE_STEP_WARNING:
+        text += ', input-bound'
+    if split['compile'] >= 0.05:
+        text += f", compiling {split['compile']:.1f}s not counted"
+    return text
 
 
 def _share(a: np.ndarray, rank: int, world_size: int) -> np.ndarray:
@@ -120,10 +152,9 @@ def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data,
         verbosity, dist_option='plain', spars=None, precision='float32', data_dir=None,
         checkpoint=None, resume=False, quick=False, autocast=None):
     """SINGA's ``run`` for one process; returns the history (per-step losses, per-epoch
-    training loss/accuracy and test accuracy)."""
+    training loss/accuracy, test accuracy, training img/s and ``DeviceProgress.time_split``)."""
     dev = pick_device(local_rank)
     dev.SetRandSeed(0)
-    rng = np.random.RandomState(0)
 
     train_x, train_y, val_x, val_y = importlib.import_module('data.' + data).load(data_dir)
     if world_size > 1:  # each rank trains and tests on its own share, as SINGA's run() does
@@ -148,10 +179,18 @@ def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data,
     else:
         tx = tensor.Tensor((batch_size, data_size), dev, singa_dtype[precision])
     ty = tensor.Tensor((batch_size,), dev, tensor.int32)
-    num_train_batch = train_x.shape[0] // batch_size
-    if quick:
-        num_train_batch = min(num_train_batch, QUICK_TRAIN_BATCHES)
-    idx = np.arange(train_x.shape[0], dtype=np.int32)
+    flip = data.startswith('cifar') and data_dir is not None
+    # quick runs revisit the same few batches (no shuffle) so their loss must fall
+    train_loader = pipeline.DeviceLoader(
+        train_x, train_y, batch_size, shuffle=not quick, seed=0, drop_last=True,
+        transform=transforms(net, data, flip, precision, train=True), prefetch=PREFETCH,
+        batches_per_epoch=QUICK_TRAIN_BATCHES if quick else None,
+        **batch_placement(sgd, graph, dev))
+    test_loader = pipeline.DeviceLoader(
+        val_x, val_y, batch_size, drop_last=False, pad_last=True,
+        transform=transforms(net, data, flip, precision, train=False), prefetch=PREFETCH,
+        device=dev, batches_per_epoch=QUICK_EVAL_BATCHES if quick else None)
+    num_train_batch = len(train_loader)
 
     net.set_optimizer(sgd)
     net.compile([tx], is_train=True, use_graph=graph, sequential=False, autocast=autocast)
@@ -164,39 +203,41 @@ def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data,
         first_epoch = load_checkpoint(net, checkpoint, sgd)
         print(f"Resumed from {checkpoint}: continuing at epoch {first_epoch}")
 
-    history = {'losses': [], 'train_loss': [], 'train_acc': [], 'test_acc': []}
-    flip = data.startswith('cifar') and data_dir is not None
+    history = {'losses': [], 'train_loss': [], 'train_acc': [], 'test_acc': [],
+               'img_per_s': [], 'time_split': []}
+    runner = net._graph_runner  # its trace count tells a call that compiled from a step
     for epoch in range(first_epoch, max_epoch):
         start_time = time.time()
-        if not quick:  # quick runs revisit the same few batches so their loss must fall
-            rng.shuffle(idx)
         net.train()
-        bar = Progress(num_train_batch, batch_size, f'Epoch {epoch}', quiet=global_rank != 0)
-        for b in bar:
-            batch = idx[b * batch_size:(b + 1) * batch_size]
-            x = train_x[batch]
-            if net.dimension == 4:
-                x = augmentation(x, rng, flip, MAX_SHIFT[data])
-            tx.copy_from_numpy(prepare(x, net, precision))
-            ty.copy_from_numpy(train_y[batch])
+        batches = train_loader.epoch(epoch)  # its thread starts making batches now
+        bar = DeviceProgress(num_train_batch, batch_size, f'Epoch {epoch}', batches,
+                             quiet=global_rank != 0, in_flight=IN_FLIGHT)
+        for x, y in batches:
+            tx.array, ty.array = x, y  # rebind: the batch is on the device already
+            traces = runner.trace_count
+            started = time.perf_counter()
             out, loss = net(tx, ty, dist_option, spars)
-            loss_value = scalar(loss)
-            history['losses'].append(loss_value)
-            bar.update(loss_value, accuracy(tensor.to_numpy(out), train_y[batch]))
-        bar.close()
+            if runner.trace_count != traces:
+                bar.exclude(time.perf_counter() - started)  # compiling, not training
+            bar.record(loss.array, out.array, y)
+        bar.finish()
+        history['losses'].extend(bar.losses)
+        split = bar.time_split()
 
-        test_acc = evaluate(net, val_x, val_y, tx, batch_size, precision,
-                            QUICK_EVAL_BATCHES if quick else None)
+        test_acc = evaluate(net, test_loader, tx)
         history['train_loss'].append(bar.mean_loss)
         history['train_acc'].append(bar.accuracy)
         history['test_acc'].append(test_acc)
+        history['img_per_s'].append(bar.throughput)
+        history['time_split'].append(split)
         if checkpoint is not None:
             save_checkpoint(net, checkpoint, epoch, sgd)
         if global_rank == 0:
             print(f"Epoch {epoch}: training loss = {bar.mean_loss:.4f}, "
                   f"training accuracy = {bar.accuracy:.4f}, test accuracy = {test_acc:.4f}, "
                   f"{bar.throughput:.0f} img/s, {time.time() - start_time:.1f}s"
-                  + (f", checkpoint {checkpoint}" if checkpoint else ''), flush=True)
+                  + (f", checkpoint {checkpoint}" if checkpoint else '')
+                  + f"; {time_shares(split)}", flush=True)
 
     if verbosity > 0:
         dev.PrintTimeProfiling()

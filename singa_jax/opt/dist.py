@@ -174,6 +174,14 @@ class DistOpt:
         self.local_rank = local
         self._spmd = SpmdStep(self) if cluster.world_size * cluster.num_local > 1 else None
 
+    @property
+    def mesh(self) -> "jax.sharding.Mesh":
+        """The data-parallel mesh a graph-mode step runs over: axes ``('rank', 'local')``,
+        every process's local devices (not in SINGA). A batch placed with
+        ``NamedSharding(mesh, PartitionSpec(('rank', 'local')))`` is taken by the step as it
+        is (see ``singa_jax.data.DeviceLoader``'s ``sharding=``)."""
+        return self._cluster.mesh
+
     def __getattr__(self, name: str) -> Any:
         opt = self.__dict__.get("opt")
         if opt is None or name.startswith("__"):

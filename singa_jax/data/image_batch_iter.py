@@ -1,4 +1,4 @@
-"""SINGA's ``data`` module: :class:`ImageBatchIter` loads and prefetches mini-batches of images
+"""SINGA's :class:`ImageBatchIter` loads and prefetches mini-batches of images
 listed in a text file, on a background worker feeding a bounded queue.
 
 SINGA runs the worker as a ``multiprocessing.Process``; here it is a daemon thread (forking a
