@@ -13,14 +13,21 @@ a CPU, meant for a GPU.
 
 Every timed step waits for ALL of its results (loss, parameters, buffers, optimizer slots); the
 evaluation forward waits for its output. Variants take turns in blocks; PyTorch runs in its own
-process, alternating with the JAX blocks. Medians are printed with the ratios. Usage::
+process, alternating with the JAX blocks. Medians are printed with the ratios.
+
+``--gc-freeze`` moves every object alive after the warm-up out of reach of Python's cyclic
+garbage collector (``gc.freeze()``, a lever of the user's program, never taken by singa_jax):
+its full collections otherwise traverse JAX's own objects too, every few steps (see
+docs/performance.md, "Eager: one pass per call"). ``--torch-threads`` sets PyTorch's
+intra-op threads (default: PyTorch's own choice). Usage::
 
     python benchmarks/bench_eager.py [--nets deep,resnet50] [--steps 30] [--rounds 3]
-        [--batch 64] [--depth 100]
+        [--batch 64] [--depth 100] [--gc-freeze] [--torch-threads N]
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -118,13 +125,15 @@ def _torch_net(net_kind: str, depth: int):
     return torchvision.models.resnet50()
 
 
-def _torch_child(net_kind: str, batch: int, depth: int, steps: int) -> None:
+def _torch_child(net_kind: str, batch: int, depth: int, steps: int, threads: int = 0) -> None:
     try:
         import torch
         net = _torch_net(net_kind, depth)
     except ImportError:
         print(json.dumps(None))
         return
+    if threads:
+        torch.set_num_threads(threads)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     net = net.to(dev)
     sgd = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
@@ -163,9 +172,11 @@ def _torch_child(net_kind: str, batch: int, depth: int, steps: int) -> None:
     print(json.dumps(result))
 
 
-def torch_times(net_kind: str, batch: int, depth: int, steps: int) -> Dict[str, List[float]]:
+def torch_times(net_kind: str, batch: int, depth: int, steps: int,
+                threads: int = 0) -> Dict[str, List[float]]:
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-child", net_kind,
-                          "--batch", str(batch), "--depth", str(depth), "--steps", str(steps)],
+                          "--batch", str(batch), "--depth", str(depth), "--steps", str(steps),
+                          "--torch-threads", str(threads)],
                          capture_output=True, text=True)
     if out.returncode:
         print(out.stderr[-2000:])
@@ -174,7 +185,8 @@ def torch_times(net_kind: str, batch: int, depth: int, steps: int) -> Dict[str, 
 
 
 # --- timing ----------------------------------------------------------------------------------
-def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int) -> Dict[str, float]:
+def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
+          gc_freeze: bool = False, torch_threads: int = 0) -> Dict[str, float]:
     rng = np.random.default_rng(0)
     shape = _shape(net_kind, batch, depth)
     x = tensor.from_numpy(rng.standard_normal(shape).astype(np.float32))
@@ -210,6 +222,9 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int) -> Dic
     for fn in variants.values():
         for _ in range(2):
             fn()
+    if gc_freeze:
+        gc.collect()
+        gc.freeze()
     times: Dict[str, List[float]] = {k: [] for k in variants}
     torch_t: Dict[str, List[float]] = {"train": [], "eval": []}
     per_round = max(1, steps // rounds)
@@ -219,18 +234,21 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int) -> Dic
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
-        for k, v in torch_times(net_kind, batch, depth, per_round).items():
+        for k, v in torch_times(net_kind, batch, depth, per_round, torch_threads).items():
             torch_t[k] += v
     if torch_t["train"]:
         times["torch train"], times["torch eval"] = torch_t["train"], torch_t["eval"]
     med = {k: statistics.median(v) for k, v in times.items()}
     dev = jax.devices()[0]
-    print(f"[{net_kind}] {dev.platform} ({dev.device_kind}); {n_ops} operators per forward")
+    print(f"[{net_kind}] {dev.platform} ({dev.device_kind}); {n_ops} operators per forward"
+          f"{'; gc.freeze() after the warm-up' if gc_freeze else ''}")
     for k, v in med.items():
         print(f"[{net_kind}] {k:12s} median {v * 1e3:9.3f} ms")
     print(f"[{net_kind}] host time per operator, eval forward: eager (replay) "
           f"{med['eager eval'] / n_ops * 1e6:.1f} us, op by op "
           f"{med['op-by-op eval'] / n_ops * 1e6:.1f} us")
+    print(f"[{net_kind}] host time per operator, train step (forward + backward + update): "
+          f"eager {med['eager train'] / n_ops * 1e6:.1f} us")
     print(f"[{net_kind}] eager / op-by-op: train {med['eager train'] / med['op-by-op train']:.2f}"
           f"   eval {med['eager eval'] / med['op-by-op eval']:.2f}")
     print(f"[{net_kind}] eager train / graph train = {med['eager train'] / med['graph train']:.2f}"
@@ -250,14 +268,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64, help="ResNet-50's batch")
     ap.add_argument("--depth", type=int, default=100, help="blocks of the deep network")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="gc.freeze() after the warm-up (see the module docstring)")
+    ap.add_argument("--torch-threads", type=int, default=0,
+                    help="PyTorch's intra-op threads (0: PyTorch's default)")
     ap.add_argument("--torch-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_child:
-        _torch_child(args.torch_child, args.batch, args.depth, args.steps)
+        _torch_child(args.torch_child, args.batch, args.depth, args.steps, args.torch_threads)
         return
     print(f"jax {jax.__version__}; {jax.devices()[0]}")
     for net_kind in args.nets.split(","):
-        bench(net_kind.strip(), args.batch, args.depth, args.steps, args.rounds)
+        bench(net_kind.strip(), args.batch, args.depth, args.steps, args.rounds,
+              args.gc_freeze, args.torch_threads)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
+from weakref import ref as _weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
@@ -100,18 +102,47 @@ class Deferred:
         return f"Deferred({self.aval.str_short()}, {state})"
 
 
+class _Step:
+    """A node of the tree of every recorded sequence: the sequence of kernel calls that leads to
+    it from the root, one edge per call, keyed by ``(call, statics, inputs)`` -- each input an
+    index into the segment's outputs (the dataflow) or the aval of an outside input. A segment
+    walks down the tree as it records, so at its flush the node it reached IS its key: nothing is
+    rebuilt or hashed per flush, and a call recorded again at a position seen before finds its
+    outputs' structure on the edge."""
+
+    __slots__ = ("key", "next", "treedef", "avals", "single", "programs")
+
+    def __init__(self, key: Optional[Tuple], known: Optional[Tuple[Any, Tuple]]):
+        self.key = key  # (call, statics, inputs) of the call that leads here
+        self.next: Dict[Tuple, "_Step"] = {}
+        # the outputs of the call that leads here: treedef, leaf avals, and whether it is one leaf
+        self.treedef, self.avals = known if known is not None else (None, ())
+        self.single = known is not None and self.treedef.num_leaves == 1 and \
+            self.treedef.num_nodes == 1
+        # for a segment that ends here, by the outputs still referenced at its flush: the
+        # flushes so far (an int), then the compiled program (after COMPILE_ON), or _UNCOMPILABLE
+        self.programs: Dict[Optional[Tuple[int, ...]], Any] = {}
+
+
+_ROOT = _Step(None, None)
+
+
 class _Segment:
     """The pending kernel calls of one thread on one device."""
 
-    __slots__ = ("device", "calls", "keys", "externals", "leaves", "tensors", "done")
+    __slots__ = ("device", "calls", "step", "externals", "leaves", "tensors", "bound", "done")
 
     def __init__(self, device: Any):
         self.device = device
-        self.calls: List[Tuple[Callable, Tuple, Tuple]] = []  # (call, statics, input refs)
-        self.keys: List[Tuple] = []
+        # (call, statics, inputs): each input an int (an earlier output's index in ``leaves``)
+        # or, for an outside input, its aval (the array itself is the next of ``externals``)
+        self.calls: List[Tuple[Callable, Tuple, Tuple]] = []
+        self.step = _ROOT  # where the calls so far lead in the tree of sequences
         self.externals: List[jax.Array] = []
         self.leaves: List[Deferred] = []
-        self.tensors: List[Tuple[Any, Deferred]] = []  # Tensors to rebind at the flush
+        # Tensors to rebind at the flush (weakly held) and the outputs they hold
+        self.tensors: List[Any] = []
+        self.bound: List[int] = []
         self.done = False
 
     def flush(self) -> None:
@@ -123,34 +154,65 @@ class _Segment:
             _sequence_ended(len(self.calls))
         if not self.calls:
             return
-        key = tuple(self.keys)
-        program = _PROGRAMS.get(key)
+        leaves = self.leaves
+        programs = self.step.programs
+        live = _referenced(leaves)
+        if live not in programs and len(programs) >= _OUTPUT_SETS:
+            live = None  # (this sequence ends with ever other outputs referenced: all of them)
+        program = programs.get(live)
         if program is None or type(program) is int:
             seen = (program or 0) + 1
-            _PROGRAMS[key] = seen
-            program = _compile(self) if seen >= COMPILE_ON else None
-            if program is not None:
-                _PROGRAMS[key] = program
+            program = _compile(self, live) if seen >= COMPILE_ON else None
+            programs[live] = seen if program is None else program
         values = None
         if program is not None and program is not _UNCOMPILABLE:
             try:
                 values = program(*self.externals)
                 _stats["replayed"] += 1
             except Exception:  # noqa: BLE001  (e.g. a kernel that reads values on the host)
-                _PROGRAMS[key] = program = _UNCOMPILABLE
+                programs[live] = _UNCOMPILABLE
+                values = None
+            else:
+                if live is not None:  # only what is referenced came back
+                    for i, v in zip(live, values):
+                        leaves[i].value = v
+                    values = ()
         if values is None:
             values = _op_by_op(self.calls, self.externals)
             _stats["op_by_op"] += 1
-        for d, v in zip(self.leaves, values):
+        for d, v in zip(leaves, values):
             d.value = v
-        for t, d in self.tensors:
-            if t._data is d:  # (not rebound since: a rolled-back step restored its old array)
-                t._data = d.value
-        self.calls = self.keys = self.externals = self.tensors = ()  # drop the inputs now
+        for ref, i in zip(self.tensors, self.bound):
+            t = ref()
+            if t is not None and t._data is leaves[i]:
+                # (else rebound since: e.g. a rolled-back step restored its old array)
+                t._data = leaves[i].value
+        self.calls = self.externals = self.tensors = self.bound = ()  # drop the inputs now
+        self.leaves = ()
+
+
+# the sets of referenced outputs a sequence gets programs for; then one returning every output
+_OUTPUT_SETS = 4
+_refcount = getattr(sys, "getrefcount", None)
+_probe = [object()]
+# what sys.getrefcount reports, in _referenced's comprehension, for an object that only the
+# segment's list of outputs holds
+_UNREFERENCED = [_refcount(d) for d in _probe][0] if _refcount is not None else 0
+del _probe
+
+
+def _referenced(leaves: List["Deferred"]) -> Optional[Tuple[int, ...]]:
+    """The indices of the outputs something outside the segment still references (a Tensor, a
+    pullback's residuals, a caller), or None (every output) where reference counts are not
+    known. Nothing can read the others: the segment's program need not return them, and XLA
+    need not even materialise them (an evaluation forward's intermediates)."""
+    if _refcount is None:
+        return None
+    counts = [_refcount(d) for d in leaves]
+    return tuple([i for i, c in enumerate(counts) if c > _UNREFERENCED])
 
 
 _UNCOMPILABLE = object()
-_PROGRAMS: Dict[Tuple, Any] = {}  # segment key -> occurrences so far (int) or its program
 # kernel signature (call, statics, input avals) -> (outputs' treedef, leaf avals), known once
 # the kernel ran eagerly with those inputs
 _OUTPUTS: Dict[Tuple, Tuple[Any, Tuple]] = {}
@@ -184,86 +246,99 @@ def active() -> bool:
 
 def _op_by_op(calls: Sequence[Tuple], externals: Sequence[jax.Array]) -> List[jax.Array]:
     values: List[jax.Array] = []
-    for call, statics, refs in calls:
-        args = [externals[r] if r >= 0 else values[~r] for r in refs]
+    outside = iter(externals)
+    for call, statics, inputs in calls:
+        args = [values[r] if type(r) is int else next(outside) for r in inputs]
         values.extend(jax.tree_util.tree_leaves(call(*statics, *args)))
     return values
 
 
-def _compile(segment: _Segment) -> Any:
-    """The segment's kernels as one jitted program of its external inputs, returning every
-    output leaf of every kernel in order."""
+def _compile(segment: _Segment, live: Optional[Tuple[int, ...]]) -> Any:
+    """The segment's kernels as one jitted program of its external inputs, returning the output
+    leaves numbered in ``live`` (every output leaf of every kernel, in order, for None)."""
     calls = list(segment.calls)
 
     def program(*externals):
-        return _op_by_op(calls, externals)
+        values = _op_by_op(calls, externals)
+        return values if live is None else [values[i] for i in live]
 
     _stats["compiled"] += 1
     return jax.jit(program)
 
 
 def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any:
-    """``call(*statics, *args)``, or its recording when replay is active and the same kernel has
-    run before on inputs of the same shapes and dtypes. ``args`` are arrays or
-    :class:`Deferred` values; ``statics`` are hashable; ``device`` is the inputs' Device (None:
-    never record). Returns the kernel's output pytree, with Deferred leaves when recorded."""
-    if device is None or not active():
+    """``call(*statics, *args)``, or its recording when the same kernel has run before on inputs
+    of the same shapes and dtypes. ``args`` are arrays or :class:`Deferred` values; ``statics``
+    are hashable; ``device`` is the inputs' Device when the caller found replay :func:`active`
+    (the engine asks once per operator), None to run at once. Returns the kernel's output
+    pytree, with Deferred leaves when recorded."""
+    if device is None:
         return call(*statics, *resolve_all(args))
-    if not _local.recording:  # short sequences run at once (see MIN_RECORDS)
-        _local.ran += 1
+    local = _local
+    if not local.recording:  # short sequences run at once (see MIN_RECORDS)
+        local.ran += 1
         return call(*statics, *resolve_all(args))
-    avals = []
+    segment = local.segment
+    own = segment if segment is not None and segment.device is device else None
+    inputs = []  # per input: an output index of this segment, or the aval of an outside value
     for a in args:
         kind = type(a)
-        if kind is Deferred or kind is _ArrayImpl:
-            avals.append(a.aval)
+        if kind is Deferred:
+            inputs.append(a.index if a.segment is own else a.aval)
+        elif kind is _ArrayImpl:
+            inputs.append(a.aval)
         else:  # a tracer, a NumPy array, a host value: not replayable
             return call(*statics, *resolve_all(args))
-    avals = tuple(avals)
-    known = _OUTPUTS.get((call, statics, avals))
-    if known is None:  # first time: run it now and learn its outputs' structure
-        _local.ran += 1
-        out = call(*statics, *resolve_all(args))
-        leaves, treedef = jax.tree_util.tree_flatten(out)
-        if all(type(leaf) is _ArrayImpl for leaf in leaves):
-            _OUTPUTS[call, statics, avals] = (treedef, tuple(leaf.aval for leaf in leaves))
-        return out
-    segment = _local.segment
-    if segment is None or segment.device is not device:
+    inputs = tuple(inputs)
+    key = (call, statics, inputs)
+    parent = _ROOT if own is None else own.step
+    step = parent.next.get(key)
+    if step is None:  # a call not recorded at this point of a sequence before
+        known = _OUTPUTS.get((call, statics, tuple([a.aval for a in args])))
+        if known is None:  # first time: run it now and learn its outputs' structure
+            local.ran += 1
+            out = call(*statics, *resolve_all(args))
+            leaves, treedef = jax.tree_util.tree_flatten(out)
+            if all(type(leaf) is _ArrayImpl for leaf in leaves):
+                _OUTPUTS[call, statics, tuple([a.aval for a in args])] = (
+                    treedef, tuple(leaf.aval for leaf in leaves))
+            return out
+        step = parent.next.setdefault(key, _Step(key, known))
+    if own is None:
         if segment is not None:
             segment.flush()
-        segment = _local.segment = _Segment(device)
-    refs = []
-    ref_key = []
+        segment = local.segment = _Segment(device)
     externals = segment.externals
-    for a, aval in zip(args, avals):
-        if type(a) is Deferred:
-            if a.segment is segment:
-                refs.append(~a.index)
-                ref_key.append(a.index)
-                continue
-            a = a.get()
-        refs.append(len(externals))
-        externals.append(a)
-        ref_key.append(aval)
-    treedef, out_avals = known
+    for a, r in zip(args, inputs):
+        if type(r) is not int:
+            externals.append(a.get() if type(a) is Deferred else a)
     leaves = segment.leaves
     start = len(leaves)
-    outs = [Deferred(aval, segment, start + i) for i, aval in enumerate(out_avals)]
-    leaves.extend(outs)
-    segment.calls.append((call, statics, tuple(refs)))
-    segment.keys.append((call, statics, tuple(ref_key)))
+    if step.single:
+        out = Deferred(step.avals[0], segment, start)
+        leaves.append(out)
+    else:
+        outs = [Deferred(aval, segment, start + i) for i, aval in enumerate(step.avals)]
+        leaves.extend(outs)
+        out = step.treedef.unflatten(outs)
+    # the node's own key (the one just built for the lookup is dropped: less for the GC)
+    segment.calls.append(step.key)
+    segment.step = step
     _stats["recorded"] += 1
     if len(segment.calls) >= MAX_RECORDS:
         segment.flush()
-    return treedef.unflatten(outs)
+    return out
 
 
 def bind(tensor: Any, value: Deferred) -> None:
-    """Make ``tensor`` hold ``value`` until its segment flushes (then its array)."""
-    tensor._data = value
+    """Make ``tensor`` hold ``value`` until its segment flushes (then its array). The segment
+    holds the Tensor weakly: one nobody keeps (an intermediate result) dies, and then so does
+    the need to compute its value."""
     if value.value is None:
-        value.segment.tensors.append((tensor, value))
+        tensor._data = value
+        segment = value.segment
+        segment.tensors.append(_weakref(tensor))
+        segment.bound.append(value.index)
     else:
         tensor._data = value.value
 

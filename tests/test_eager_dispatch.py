@@ -1,9 +1,11 @@
 """Eager dispatch fast paths (autograd engine.py and function.py, tensor.handle.result_tensor).
 
 Each op call skips work the general code would do: op outputs and gradients are built without the
-Tensor constructor's argument parsing, static arguments are frozen once per op (plain values as
-they are), only ops that declare state ask for it, a loss's unit gradient is made once, and a
-forward kernel returns no copy of an input or output its pullback keeps (autograd/residuals.py).
+Tensor constructor's argument parsing, static arguments are frozen once per op (plain values and
+tuples of them as they are) and interned with the gradient masks and output specs, only ops that
+declare state ask for it, a loss's unit gradient is made once, and a forward kernel returns no
+copy of an input or output its pullback keeps (autograd/residuals.py). (The caches themselves:
+test_eager_fast_paths.py.)
 Here the same computations run with the fast paths on and with every one of them turned off;
 values, gradients, state and the recorded graph must be identical, and match NumPy /
 ``jax.grad``.
@@ -20,7 +22,7 @@ import numpy as np
 import pytest
 
 from backend_precision import matmul_tolerance
-from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax import autograd, device, layer, model, opt, replay, tensor
 from singa_jax.autograd import engine, function, residuals
 from singa_jax.autograd.function import Function
 from singa_jax.xla_options import kernel
@@ -58,6 +60,14 @@ def _use_general_paths(monkeypatch) -> None:
     monkeypatch.setattr(residuals, "split", lambda pullback, inputs, outputs: pullback)
     monkeypatch.setattr(function, "_forward_vjp_kernel", kernel(static_argnums=(0, 1, 2, 3))(
         function._forward_vjp_kernel.__wrapped__))
+    # no interned keys, masks or output specs (each op derives its own), every replayed output
+    # returned, pullbacks walked as the pytrees they are
+    monkeypatch.setattr(function, "_interned", lambda t: t)
+    monkeypatch.setattr(function, "_INTERNED_MAX", 0)
+    monkeypatch.setattr(function, "_DIFFERENTIATED", {})
+    monkeypatch.setattr(function, "_OUTPUT_SPECS", {})
+    monkeypatch.setattr(engine, "_NEEDS", {})
+    monkeypatch.setattr(replay, "_referenced", lambda leaves: None)
 
 
 def _recorded_graph(y: Tensor) -> np.ndarray:

@@ -237,6 +237,7 @@ class _UserScale(autograd.Operator):
 def test_walks_the_replay_cannot_express_go_op_by_op(case, counted, monkeypatch):
     if case == "too many ops":
         monkeypatch.setattr(engine, "FUSED_WALK_MAX_OPS", 2)
+        monkeypatch.setattr(engine, "FUSED_WALK_MAX_SMALL_OPS", 2)
     a = _arrays()
     for _ in range(3):
         w = Tensor(data=a["w"], stores_grad=True)

@@ -38,10 +38,21 @@ from ..tensor import Tensor
 from ..tensor.handle import result_tensor
 from ..xla_options import kernel
 from .. import replay
-from ..replay import Deferred
+from ..replay import Deferred, _ArrayImpl
 
 __all__ = ["Operator", "Operation", "Dummy", "infer_dependency", "gradients", "backward",
            "fused_backward", "is_training"]
+
+
+_op_names = [0]  # the next operator number (names ``Type#N``)
+_NEEDS: Dict[Tuple[bool, ...], Tuple[bool, ...]] = {}  # interned input_needs_grad masks
+
+
+class _ClassCount:
+    """``Operator.op_count``: the number of operators named so far, read from ``_op_names``."""
+
+    def __get__(self, obj: Any, cls: Any = None) -> int:
+        return _op_names[0]
 
 
 class Operator(Node):
@@ -56,7 +67,10 @@ class Operator(Node):
     declares it (see :class:`~singa_jax.autograd.function.Function`).
     """
 
-    op_count = 0
+    # SINGA's count of operators named so far (read-only here: the count lives in _op_names,
+    # because writing a class attribute on every op would invalidate the interpreter's attribute
+    # caches of every Operator class)
+    op_count = _ClassCount()
     takes_arrays = False  # True: forward/backward see jax.Arrays instead of CTensors
     # True when an input depends on a PyTorch-style leaf (``Tensor.tracked``): the op then keeps
     # its backward state whatever ``autograd.training`` says (see autograd.torch_style)
@@ -69,9 +83,13 @@ class Operator(Node):
 
     def __init__(self, name: Optional[str] = None):
         if name is None:
-            name = f"{type(self).__name__}#{Operator.op_count}"
-            Operator.op_count += 1
-        super().__init__(name)
+            n = _op_names[0]
+            _op_names[0] = n + 1
+            name = f"{type(self).__name__}#{n}"
+        # Node's attributes, set here without its __init__ (one call fewer per op)
+        self.name = name
+        self.src = []
+        self.y_id2idx = {}
         self.requires_grad = True  # until a call decides: a direct ``forward`` keeps its vjp
         self.device = None
 
@@ -84,12 +102,13 @@ class Operator(Node):
     def _do_forward(self, *xs: Tensor) -> Tuple[Tensor, ...]:
         src, needs = [], []
         requires_grad = tracked = False
-        dev = xs[0].device if xs else None
+        dev = None
+        if xs:
+            dev = xs[0].device if isinstance(xs[0], Tensor) else None
         one_device = True  # every input on dev: the kernel's outputs are there too
-        for i, x in enumerate(xs):  # one pass: check, record src, find who needs a gradient
+        for x in xs:  # one pass: check, record src, find who needs a gradient
             if not isinstance(x, Tensor):
-                raise TypeError(f"{type(self).__name__}: input {i} must be a Tensor, got "
-                                f"{type(x).__name__}")
+                raise self._not_a_tensor(xs)
             if x.device is not dev:
                 one_device = False
             creator, stores_grad = x.creator, x.stores_grad
@@ -100,8 +119,11 @@ class Operator(Node):
             # gradient)
             if x.requires_grad:
                 requires_grad = True
-                tracked = tracked or x.tracked
-                needs.append(stores_grad or x.tracked or not isinstance(creator, Dummy))
+                if x.tracked:
+                    tracked = True
+                    needs.append(True)
+                else:
+                    needs.append(bool(stores_grad) or not isinstance(creator, Dummy))
             else:
                 needs.append(False)
         self.requires_grad = requires_grad and is_grad_enabled()
@@ -109,7 +131,10 @@ class Operator(Node):
         requires_grad = self.requires_grad
         self.tracked = tracked = tracked and requires_grad
         self.src = src
-        self.input_needs_grad = tuple(needs)
+        needs = tuple(needs)
+        # (one shared tuple per mask: fewer objects for the garbage collector)
+        self.input_needs_grad = _NEEDS.get(needs) or (
+            _NEEDS.setdefault(needs, needs) if len(_NEEDS) < 4096 else needs)
         self.device = dev
         if self.takes_arrays:
             if one_device and self.replayable and dev is not None and replay.active():
@@ -126,27 +151,35 @@ class Operator(Node):
         if dev is None:
             dev, one_device = get_default_device(), False
         if isinstance(ys, tuple):
-            outs = tuple(self._output(y, i, dev, requires_grad, one_device)
-                         for i, y in enumerate(ys))
+            outs = tuple([self._output(y, i, dev, requires_grad, one_device)
+                          for i, y in enumerate(ys)])
+            self.y_id2idx = {id(y): i for i, y in enumerate(outs)}
         else:
-            outs = (self._output(ys, 0, dev, requires_grad, one_device),)
-        self.y_id2idx = {id(y): i for i, y in enumerate(outs)}
+            y = self._output(ys, 0, dev, requires_grad, one_device)
+            outs = (y,)
+            self.y_id2idx = {id(y): 0}
         if tracked:
             for y in outs:
                 y.tracked = True
         return outs
+
+    def _not_a_tensor(self, xs: tuple) -> TypeError:
+        i, x = next((i, x) for i, x in enumerate(xs) if not isinstance(x, Tensor))
+        return TypeError(f"{type(self).__name__}: input {i} must be a Tensor, got "
+                         f"{type(x).__name__}")
 
     def _output(self, y: Any, idx: int, device: Any, requires_grad: bool,
                 placed: bool) -> Tensor:
         """Output ``idx`` of this op as a Tensor; an array (what built-in ops return) skips the
         general constructor's argument parsing, and its placement check when ``placed`` (every
         input lives on ``device``, so the kernel ran there)."""
-        if isinstance(y, (jax.Array, jax.core.Tracer)):
-            return result_tensor(y, device, requires_grad, self, self.output_name(idx), placed)
-        if type(y) is Deferred:  # recorded by eager replay: computed when its segment runs
+        kind = type(y)
+        if kind is Deferred:  # recorded by eager replay: computed when its segment runs
             t = result_tensor(y, device, requires_grad, self, self.output_name(idx), True)
             replay.bind(t, y)
             return t
+        if kind is _ArrayImpl or isinstance(y, (jax.Array, jax.core.Tracer)):
+            return result_tensor(y, device, requires_grad, self, self.output_name(idx), placed)
         return Tensor(device=device, data=y, requires_grad=requires_grad, creator=self,
                       name=self.output_name(idx))
 
@@ -170,6 +203,10 @@ class Operator(Node):
         """Whether ``backward`` can run from what the forward kept (True unless an op says
         otherwise: a Function that ran outside training mode kept no pullback)."""
         return True
+
+    def output_elements(self) -> Optional[int]:
+        """How many elements this op's last call output in all (None: not known)."""
+        return None
 
     def pullback_step(self) -> Optional[Tuple[Callable, Any, Any, Tuple[bool, ...]]]:
         """This op's backward as data, for a fused walk: ``(pull, spec, state, gives)`` where
@@ -308,6 +345,16 @@ def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool 
     A walk that recurs (the same operators, shapes and uses as an earlier one; see
     :func:`fused_backward`) runs as one kernel: every pullback and every sum of the walk, then
     the same yields in the same order."""
+    for x, g, name, _ in _backpropagate(roots, retain_graph, wanted, root_dy):
+        yield x, g, name
+
+
+def _backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool = True,
+                   wanted: Optional[Dict[Tuple[Node, int], Tensor]] = None,
+                   root_dy: Optional[float] = None
+                   ) -> Iterator[Tuple[Tensor, jax.Array, str, Any]]:
+    """:func:`backpropagate`, each yield with the Device its gradient array is known to live on
+    (a fused walk's kernel runs on its operators' one device), or None."""
     wanted = wanted or {}
     replay.flush()  # the forward's recorded kernels run now (their residuals are needed)
     fused = _fused_walk(roots, wanted)
@@ -317,7 +364,9 @@ def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool 
             for op in ops:
                 op.release()
                 op.freed = True
-        yield from yields
+        device = ops[0].device
+        for x, g, name in yields:
+            yield x, g, name, device
         return
 
     given = None
@@ -334,7 +383,8 @@ def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool 
             op.freed = True
         return dxs
 
-    yield from _walk(roots, wanted, run)
+    for x, g, name in _walk(roots, wanted, run):
+        yield x, g, name, None
 
 
 def _walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Tensor],
@@ -411,6 +461,11 @@ def _walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Te
 # the same operations in the same order, so the same gradients up to rounding (XLA fuses
 # across operators, and may then sum in another order).
 FUSED_WALK_MAX_OPS = 64  # a larger walk compiles for seconds and saves little: its ops are heavy
+# ... unless every operator is small (outputs of at most FUSED_WALK_SMALL_OP elements): then
+# the walk's time is one dispatch per pullback (and on a CPU the wake-up of XLA's worker threads
+# after the walk's Python), which the fused kernel removes; such a walk is fused up to this many
+FUSED_WALK_MAX_SMALL_OPS = 1024
+FUSED_WALK_SMALL_OP = 1 << 15
 _PLANS_KEPT = 512  # plans remembered (then fused on recurrence); others walk op by op
 _seen_plans: Dict[Tuple, int] = {}  # plan -> -1 when seen once, then its id in _plan_table
 _plan_table: list = []  # (steps, outputs) of every plan replayed
@@ -424,6 +479,12 @@ class _NotReplayable(Exception):
 _ADD = "+"
 
 
+def _small(op: Operator) -> bool:
+    """Whether ``op``'s outputs have at most FUSED_WALK_SMALL_OP elements in all."""
+    size = op.output_elements()
+    return size is not None and size <= FUSED_WALK_SMALL_OP
+
+
 class _Plan:
     """What a symbolic walk records: ``steps`` (``(_ADD, a, b)`` or ``(k, pull, spec, dy refs)``
     for the k-th operator), ``states`` (each operator's pullback state) and the number of
@@ -434,6 +495,7 @@ class _Plan:
         self.states: list = []
         self.ops: list = []
         self.n_values = n_roots
+        self.small = True  # every operator small (see FUSED_WALK_SMALL_OP; known from op 64 on)
 
     def new(self) -> int:
         self.n_values += 1
@@ -444,7 +506,13 @@ class _Plan:
         return self.new()
 
     def run(self, op: Operator, dys: list) -> Tuple[Any, ...]:
-        step = op.pullback_step() if len(self.ops) < FUSED_WALK_MAX_OPS else None
+        n = len(self.ops)
+        if n >= FUSED_WALK_MAX_OPS:  # only a walk of small operators goes on
+            if n == FUSED_WALK_MAX_OPS:
+                self.small = all(map(_small, self.ops))
+            if not self.small or n >= FUSED_WALK_MAX_SMALL_OPS or not _small(op):
+                raise _NotReplayable
+        step = op.pullback_step()
         if step is None:
             raise _NotReplayable
         pull, spec, state, gives = step
@@ -521,8 +589,10 @@ def backward(y: Tensor, dy: Any = None) -> Iterator[Tuple[Tensor, Tensor]]:
     """
     if not isinstance(y, Tensor):
         raise TypeError(f"backward: y must be a Tensor, got {type(y).__name__}")
-    for x, g, name in backpropagate([(y, root_grad(y, dy))], root_dy=given_root_dy(dy)):
-        yield x, result_tensor(g, x.device, name=name)
+    for x, g, name, device in _backpropagate([(y, root_grad(y, dy))],
+                                             root_dy=given_root_dy(dy)):
+        # (a gradient known to be on x's device skips the placement check)
+        yield x, result_tensor(g, x.device, name=name, placed=device is x.device)
 
 
 def gradients(y: Tensor, dy: Any = None) -> Dict[int, Tensor]:

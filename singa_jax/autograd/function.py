@@ -25,6 +25,7 @@ without gradient, the declaration helpers the op tables use, and SINGA's autogra
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
@@ -70,20 +71,66 @@ def _freeze(v: Any) -> Any:
     return v
 
 
+def _is_frozen(v: Any) -> bool:
+    """Whether ``v`` is its own frozen form: a plain value, or a tuple of such (nested)."""
+    if type(v) in _PLAIN:
+        return True
+    if type(v) is not tuple:
+        return False
+    for e in v:
+        if not _is_frozen(e):
+            return False
+    return True
+
+
+# Interned tuples an eager op keeps (static keys, kernel statics, gradient masks, output specs):
+# equal ones are one object, so an op holds a shared tuple instead of allocating its own (fewer
+# objects for Python's garbage collector to traverse while a graph is alive). Equal keys select
+# the same cached kernel anyway (jax.jit compares static arguments by equality).
+_INTERNED: Dict[Any, Any] = {}
+_INTERNED_MAX = 1 << 16
+
+
+def _interned(t: Any) -> Any:
+    """The interned tuple equal to ``t`` (``t`` itself the first time)."""
+    found = _INTERNED.get(t)
+    if found is None:
+        if len(_INTERNED) >= _INTERNED_MAX:
+            return t
+        found = _INTERNED.setdefault(t, t)
+    return found
+
+
 def _static_key(static: Dict[str, Any]) -> Tuple:
     """An op's static arguments as the kernels' cache key: ``(name, frozen value)`` pairs. Most
-    ops have only plain values (numbers, None, strings): their items are the key as they are."""
+    ops have only plain values (numbers, None, strings) and tuples of them (a convolution's
+    strides and paddings): their items are the key as they are; others are frozen (sorted)."""
     items = tuple(static.items())
     for _, v in items:
-        if type(v) not in _PLAIN:
-            return tuple(sorted((k, _freeze(e)) for k, e in items))
-    return items
+        if type(v) not in _PLAIN and not _is_frozen(v):
+            return _interned(tuple(sorted((k, _freeze(e)) for k, e in items)))
+    return _interned(items)
 
 
 @kernel(static_argnums=(0, 1))
 def _forward(fn: Callable, static: Tuple, *xs):
     """``fn(*xs, **static)`` as one cached kernel (no gradient state: eval mode)."""
     return fn(*xs, **dict(static))
+
+
+# (the engine's input_needs_grad, input dtypes...) -> Function._differentiated's answer
+_DIFFERENTIATED: Dict[Tuple, Tuple[Tuple[bool, ...], Optional[Tuple[bool, ...]]]] = {}
+_OUTPUT_SPECS: Dict[Any, Tuple] = {}  # aval -> ((shape, dtype),): one output's spec
+
+
+def _output_spec(aval: Any) -> Tuple[Tuple[Tuple[int, ...], Any]]:
+    """``((shape, dtype),)`` of a single output of ``aval`` (one shared tuple per aval)."""
+    spec = _OUTPUT_SPECS.get(aval)
+    if spec is None:
+        spec = ((aval.shape, aval.dtype),)
+        if len(_OUTPUT_SPECS) < _INTERNED_MAX:
+            _OUTPUT_SPECS[aval] = spec
+    return spec
 
 
 def _split_state(out, n_state: int):
@@ -95,14 +142,56 @@ def _split_state(out, n_state: int):
 
 
 def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: int, xs: Tuple,
-                 device: Any = None):
+                 device: Any = None, join: bool = True):
     """Forward plus the pullback w.r.t. the inputs marked in ``diff``; returns
     ``(outputs, pullback, new state arrays)`` (recorded by eager replay when it can be: then
     with :class:`~singa_jax.replay.Deferred` leaves). The kernel returns no copy of an input or
-    output that the pullback keeps (see :mod:`.residuals`)."""
-    ys, pullback, new_state = replay.run(_forward_vjp_kernel, (fn, static, diff, n_state), xs,
-                                         device)
-    return ys, residuals.join(pullback, xs, ys), new_state
+    output that the pullback keeps (see :mod:`.residuals`); without ``join`` the pullback is
+    returned as the kernel left it, for the caller to join."""
+    ys, pullback, new_state = replay.run(_forward_vjp_kernel,
+                                         _interned((fn, static, diff, n_state)), xs, device)
+    return ys, (residuals.join(pullback, xs, ys) if join else pullback), new_state
+
+
+_FLAT = object()  # Function._pullback: the pullback is held as its leaves only (_flat)
+
+
+class _Unjoined:
+    """A recorded forward's pullback, kept as the kernel left it (its residuals pending
+    Deferreds, the forwarded ones not yet put back: see :mod:`.residuals`) with the call's
+    inputs and outputs; joined once, when a backward first needs it."""
+
+    __slots__ = ("pullback", "inputs", "outputs")
+
+    def __init__(self, pullback: Any, inputs: Tuple, outputs: Any):
+        self.pullback, self.inputs, self.outputs = pullback, inputs, outputs
+
+    def joined(self) -> Any:
+        """The pullback with every residual computed and the forwarded ones back in place."""
+        pullback = self.pullback
+        if type(pullback) is residuals.Residuals:
+            pullback = residuals.Residuals(replay.resolve_all(pullback.computed),
+                                           pullback.layout)
+        else:
+            pullback = replay.resolve_tree(pullback)
+        outputs = self.outputs
+        outputs = (tuple(replay.resolve_all(outputs)) if isinstance(outputs, tuple)
+                   else replay.resolve_all((outputs,))[0])
+        return residuals.join(pullback, replay.resolve_all(self.inputs), outputs)
+
+    def flat(self) -> Tuple[list, Any]:
+        """``(leaves, treedef)`` of the joined pullback, its residuals computed, made without
+        building the joined pytree (from the layout, when the kernel forwarded residuals)."""
+        pullback = self.pullback
+        if type(pullback) is not residuals.Residuals:
+            leaves, treedef = jax.tree_util.tree_flatten(pullback)
+            return replay.resolve_all(leaves), treedef
+        treedef, where = pullback.layout
+        outputs = self.outputs
+        sources = (self.inputs, outputs if isinstance(outputs, tuple) else (outputs,))
+        computed = iter(pullback.computed)
+        leaves = [next(computed) if w is None else sources[w[0]][w[1]] for w in where]
+        return replay.resolve_all(leaves), treedef
 
 
 @kernel(static_argnums=(0, 1, 2, 3))
@@ -135,6 +224,12 @@ def _pull(spec: Tuple, vjp: Callable, dys: Sequence[Any], apply: Optional[Callab
     return tuple(next(grads) if d else None for d in diff)
 
 
+def _pull_leaves(spec: Tuple, leaves: list, dys: Sequence[Any],
+                 apply: Optional[Callable] = None) -> Tuple[Any, ...]:
+    """:func:`_pull` of the pullback given as its ``leaves``, its treedef last in ``spec``."""
+    return _pull(spec[:3], spec[3].unflatten(leaves), dys, apply)
+
+
 def _cotangent(dy, shape: Tuple[int, ...], dtype: Any) -> Any:
     """``dy`` made to fit an output of ``shape``/``dtype``: None means zero; integer outputs
     take float0 zeros."""
@@ -165,7 +260,10 @@ class Function(Operator):
     _out: Tuple[Tuple[Tuple[int, ...], Any], ...] = ()
     _several_outputs = False
     _all_inputs = None
-    _deferred = False  # the pullback's residuals were recorded by eager replay (not yet read)
+    # the forward's pullback: a pytree; an _Unjoined (recorded by eager replay, its residuals
+    # pending); _FLAT (held as ``_flat`` only); or None (no backward state)
+    _pullback: Any = None
+    _flat = None  # (leaves, treedef) of the computed pullback, once a fused walk asked for it
     # whether the engine may hand ``forward`` Deferred inputs and have its kernel recorded (see
     # singa_jax.replay); False for a class with its own forward, which may compute on arrays
     replayable = True
@@ -191,7 +289,8 @@ class Function(Operator):
     def __init__(self, name: Optional[str] = None, **static):
         super().__init__(name)
         self.static = static
-        self._vjp = None
+        if not static:  # (most elementwise ops: the key is known)
+            self._static = ()
 
     def __getattr__(self, name: str) -> Any:
         for store in ("static", "tensor_args"):
@@ -214,14 +313,15 @@ class Function(Operator):
     def forward(self, *xs):
         if xs and isinstance(xs[0], CTensor):  # called directly, SINGA style: CTensors in and out
             return _as_ctensors(self.forward(*map(as_array, xs)))
-        args, writes = xs, ()
         device = self.replay_device  # set by the engine's call when eager replay may record
         if self._declares_state:
             writes = self.writes()
             # (eager replay may record: a state Tensor's value may be a pending Deferred)
-            args += tuple(t.array if device is None else t._data for t in self.reads())
+            args = xs + tuple([t.array if device is None else t._data for t in self.reads()])
             if self.needs_key():
                 args += ((getattr(self, "device", None) or get_default_device()).next_key(),)
+        else:
+            args, writes = xs, ()
         static = self._static
         if static is None:
             static = self._static = _static_key(self.static)
@@ -231,31 +331,18 @@ class Function(Operator):
             if compute is not None:  # the kernel casts its inputs (see .mixed_precision)
                 fn = cast_kernel(fn, self.autocast_policy, compute, len(xs))
             self._fn = fn  # what the pullback and an export of this call see
+        new_state = ()
         try:
             # backward state is kept in training mode, or whatever the mode when an input
             # depends on a PyTorch-style leaf (``self.tracked``, see autograd.torch_style)
             if self.requires_grad and (self.tracked or is_training()):
-                diff, every = self._differentiated(xs)
-                extras = (False,) * (len(args) - len(xs))
-                ys, vjp, new_state = _forward_vjp(fn, static, diff + extras,
-                                                  len(writes), args, device)
-                self._vjp, self._diff = vjp, diff
-                # recorded, or run on recorded inputs (the pullback keeps them): Deferred
-                # leaves to compute before a backward
-                self._deferred = device is not None and (
-                    type(ys if not isinstance(ys, tuple) else ys[0]) is Deferred
-                    or any(type(x) is Deferred for x in args))
-                # a direct SINGA-style backward may still ask for the skipped inputs' gradients
-                self._all_inputs = None if every is None else (args, every + extras)
-                if not all(diff):  # shapes of the inputs that get no gradient
-                    self._no_grad_shapes = {i: x.shape for i, x in enumerate(xs) if not diff[i]}
-                if isinstance(ys, tuple):
-                    self._out, self._several_outputs = tuple((y.shape, y.dtype) for y in ys), True
-                else:
-                    self._out, self._several_outputs = ((ys.shape, ys.dtype),), False
+                ys, new_state = self._forward_keeping_pullback(fn, static, xs, args,
+                                                               len(writes), device)
+            elif writes:
+                ys, new_state = _split_state(
+                    replay.run(_forward, _interned((fn, static)), args, device), len(writes))
             else:
-                ys, new_state = _split_state(replay.run(_forward, (fn, static), args,
-                                                        device), len(writes))
+                ys = replay.run(_forward, _interned((fn, static)), args, device)
         except (TypeError, ValueError) as e:
             raise _op_error(type(self).__name__, args, self.static, e) from None
         for t, value in zip(writes, new_state):
@@ -265,27 +352,96 @@ class Function(Operator):
                 t.array = value
         return ys
 
+    def _forward_keeping_pullback(self, fn: Callable, static: Tuple, xs: tuple, args: tuple,
+                                  n_state: int, device: Any) -> Tuple[Any, Tuple]:
+        """The training-mode forward: outputs and new state, the pullback kept for backward."""
+        diff, every = self._differentiated(xs)
+        extras = (False,) * (len(args) - len(xs)) if len(args) > len(xs) else ()
+        ys, pullback, new_state = _forward_vjp(fn, static, diff + extras, n_state, args, device,
+                                               join=False)
+        several = isinstance(ys, tuple)
+        # recorded, or run on recorded inputs (the pullback keeps them): Deferred leaves to
+        # compute before a backward, so the pullback is joined then (see _Unjoined)
+        deferred = False
+        if device is not None:
+            deferred = type(ys[0] if several else ys) is Deferred
+            if not deferred:
+                for x in args:
+                    if type(x) is Deferred:
+                        deferred = True
+                        break
+        self._pullback = (_Unjoined(pullback, args, ys) if deferred
+                          else residuals.join(pullback, args, ys))
+        self._diff, self._flat = diff, None
+        # a direct SINGA-style backward may still ask for the skipped inputs' gradients
+        self._all_inputs = None if every is None else (args, every + extras)
+        if not all(diff):  # shapes of the inputs that get no gradient
+            self._no_grad_shapes = {i: x.shape for i, x in enumerate(xs) if not diff[i]}
+        if several:
+            self._out = _interned(tuple([(y.shape, y.dtype) for y in ys]))
+            self._several_outputs = True
+        else:
+            self._out, self._several_outputs = _output_spec(ys.aval), False
+        return ys, new_state
+
+    @property
+    def _vjp(self) -> Any:
+        """The forward's pullback (``jax.vjp``'s, its residuals computed), or None."""
+        return None if self._pullback is None else self._resolved_vjp()
+
+    @_vjp.setter
+    def _vjp(self, pullback: Any) -> None:
+        self._pullback, self._flat = pullback, None
+
     def _resolved_vjp(self) -> Any:
         """The pullback, its recorded (Deferred) residuals computed."""
-        if self._deferred:
-            self._vjp, self._deferred = replay.resolve_tree(self._vjp), False
-        return self._vjp
+        pullback = self._pullback
+        if type(pullback) is _Unjoined:
+            pullback = self._pullback = pullback.joined()
+        elif pullback is _FLAT:
+            leaves, treedef = self._flat
+            pullback = self._pullback = treedef.unflatten(leaves)
+        return pullback
+
+    def _pullback_leaves(self) -> Tuple[list, Any]:
+        """``(leaves, treedef)`` of the pullback, its residuals computed (kept: a retained graph
+        may be walked again)."""
+        flat = self._flat
+        if flat is None:
+            pullback = self._pullback
+            if type(pullback) is _Unjoined:
+                flat = pullback.flat()
+                # the recorded structure (and its Deferred placeholders) can go: a pytree, if
+                # ever needed, is rebuilt from the leaves
+                self._pullback = _FLAT
+            else:
+                flat = jax.tree_util.tree_flatten(pullback)
+            self._flat = flat
+        return flat
 
     def _differentiated(self, xs: tuple) -> Tuple[Tuple[bool, ...], Optional[Tuple[bool, ...]]]:
         """Which inputs the pullback differentiates: those of a floating dtype whose gradient
         someone can use (the engine's ``input_needs_grad``); and, when that skips some
-        differentiable input, every differentiable input (else None)."""
-        every = tuple([is_inexact(x.dtype) for x in xs])
+        differentiable input, every differentiable input (else None). Known per (needs, input
+        dtypes) after the first time."""
         needs = self.input_needs_grad  # set by the engine's call; None for a direct call
-        if needs is None or len(needs) != len(xs) or all(needs):
-            return every, None
-        diff = tuple([d and n for d, n in zip(every, needs)])
-        return diff, (None if diff == every else every)
+        key = (needs, *[x.dtype for x in xs])
+        known = _DIFFERENTIATED.get(key)
+        if known is None:
+            every = tuple([is_inexact(x.dtype) for x in xs])
+            if needs is None or len(needs) != len(xs) or all(needs):
+                known = (every, None)
+            else:
+                diff = tuple([d and n for d, n in zip(every, needs)])
+                known = (diff, (None if diff == every else every))
+            if len(_DIFFERENTIATED) < _INTERNED_MAX:
+                _DIFFERENTIATED[key] = known
+        return known
 
     def backward(self, *dys):
         if not dys or isinstance(dys[0], CTensor):
             return self._singa_backward(dys)
-        vjp = self._resolved_vjp()
+        vjp = None if self._pullback is None else self._resolved_vjp()
         if vjp is None:
             raise RuntimeError(
                 f"{type(self).__name__}.backward: no forward state; run the forward pass with "
@@ -294,12 +450,18 @@ class Function(Operator):
         return _pull((self._diff, self._out, self._several_outputs), vjp, dys)
 
     def keeps_backward_state(self) -> bool:
-        return self._vjp is not None or type(self).backward is not Function.backward
+        return self._pullback is not None or type(self).backward is not Function.backward
+
+    def output_elements(self) -> Optional[int]:
+        return sum([math.prod(shape) for shape, _ in self._out]) if self._out else None
 
     def pullback_step(self):
-        if self._vjp is None or not self.backward_is_pullback:
+        if self._pullback is None or not self.backward_is_pullback:
             return None
-        return (_pull, (self._diff, self._out, self._several_outputs), self._resolved_vjp(),
+        # the pullback as its leaves (its structure in the step's spec): a fused walk's kernel
+        # then takes plain lists of arrays, which jit flattens without calling back into Python
+        leaves, treedef = self._pullback_leaves()
+        return (_pull_leaves, (self._diff, self._out, self._several_outputs, treedef), leaves,
                 self._diff)
 
     def _singa_backward(self, dys: tuple):
@@ -307,14 +469,13 @@ class Function(Operator):
         dy defaults to 1): CTensors in, CTensors out -- one per input of the op as SINGA built it
         (not the tensor arguments appended to it), zeros for an input without gradient (integer
         indices), and a single CTensor for a single input."""
-        if self._all_inputs is not None and self._vjp is not None:
+        if self._all_inputs is not None and self._pullback is not None:
             # the engine's call skipped inputs nobody needed a gradient for; SINGA's direct
             # call wants them all: redo the forward's vjp over every differentiable input
             args, diff = self._all_inputs
             fn = self.__dict__.get("_fn", type(self).fn)  # the forward's (autocast) kernel
             _, self._vjp, _ = _forward_vjp(fn, self._static, diff,
                                            len(self.writes()), tuple(replay.resolve_all(args)))
-            self._deferred = False
             self._diff, self._all_inputs = diff[:len(self._diff)], None
         dxs = self.backward(*(map(as_array, dys) if dys else (1.0,)))  # overrides answer too
         dxs = (dxs if isinstance(dxs, tuple) else (dxs,))[:self._singa_inputs()]
@@ -328,7 +489,7 @@ class Function(Operator):
 
     def release(self) -> None:
         super().release()
-        self._vjp = self._all_inputs = None
+        self._pullback = self._all_inputs = self._flat = None
 
 
 def _as_ctensors(values: Any) -> Any:

@@ -126,7 +126,13 @@ class LayerMeta(type):
 
         @wraps(func)
         def wrapper(self, *args, **kwargs):
-            _check_batch(self, _first_tensor_in(args))
+            x = args[0] if args else None
+            if type(x) is not Tensor:  # (a list of Tensors, a keyword input, a subclass)
+                x = _first_tensor_in(args)
+            if x is not None:
+                shape = x.shape
+                if not shape or 0 in shape:  # the test of _check_batch, its message not made
+                    _check_batch(self, x)
             if not self.__dict__.get("_initialized", False):
                 self.initialize(*args, **kwargs)
                 self._initialized = True
@@ -286,6 +292,19 @@ class Layer(object, metaclass=LayerMeta):
                 p.zero_grad()
 
     # --- device / dtype --------------------------------------------------------------------
+    def _on_device_and_dtype_of(self, x: Tensor, *params: Optional[Tensor]) -> bool:
+        """Whether every Tensor of ``params`` (None skipped) already has ``x``'s device and
+        dtype, so that :meth:`device_check` and :meth:`dtype_check` would change nothing (a
+        layer's usual call, tested in one pass; False when a subclass overrides either)."""
+        cls = type(self)
+        if cls.device_check is not Layer.device_check or cls.dtype_check is not Layer.dtype_check:
+            return False
+        dev, dtype = x.device, x.dtype
+        for t in params:
+            if t is not None and (t.device is not dev or t.dtype != dtype):
+                return False
+        return True
+
     def device_check(self, *inputs: Tensor) -> None:
         """Move every Tensor to the device of the first input (SINGA copies them over)."""
         move_to_device(*inputs)
@@ -388,6 +407,11 @@ class Layer(object, metaclass=LayerMeta):
 
     # --- attribute assignment --------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
+        state = self.__dict__
+        if name in state and state[name] is value and not isinstance(value, (Layer, Tensor)):
+            # restating a plain attribute (``model.eval()`` on every evaluation step) changes
+            # nothing: no structure version bump, so cached state lists stay valid
+            return
         self._bump_structure_version()
         layers = self.__dict__.setdefault("_layers", dict())
         if isinstance(value, Layer):

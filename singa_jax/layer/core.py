@@ -152,6 +152,8 @@ def _make_stateless(name: str, fn_name: str, inputs: Tuple[str, ...], options: D
         if len(args) != len(inputs):
             raise TypeError(f"{self._describe()}.forward takes inputs {list(inputs)}, got "
                             f"{len(args)} argument(s)")
+        if not options:
+            return getattr(autograd, fn_name)(*args)
         # options go by keyword: autograd.dropout(x, seed, ratio) takes ratio second
         return getattr(autograd, fn_name)(*args, **{opt: getattr(self, opt) for opt in options})
 

@@ -36,15 +36,15 @@ def _is_array(x) -> bool:
 
 
 def _filled(shape: Tuple[int, ...], value: Any, dtype: Any, device: Device) -> jax.Array:
-    """A new array of ``shape`` filled with ``value``, created directly on ``device``. On a CPU
-    device, with concrete values (outside any trace, or in :func:`modes.compile_time_eval`, where
-    ``Model.compile()`` builds parameters), NumPy fills it: ``jnp.full`` lowers and compiles a
-    program for every new shape (0.3 s of a ResNet-50's ``Model.compile()``: 374 fills).
-    Elsewhere the device fills it (no host copy to transfer; inside a trace, no constant baked
-    in)."""
+    """A new array of ``shape`` filled with ``value``, created directly on ``device``. With a
+    concrete value on a CPU device outside any trace, or on any device in
+    :func:`modes.compile_time_eval` (where ``Model.compile()`` builds parameters), NumPy fills
+    it: ``jnp.full`` lowers and compiles a program for every new shape (0.3 s of a ResNet-50's
+    ``Model.compile()``: 374 fills). Elsewhere the device fills it (no host copy to transfer;
+    inside a trace, no constant baked in)."""
     jd, dtype = device.jax_device, to_dtype(dtype)
-    if (jd.platform == "cpu" and not isinstance(value, jax.core.Tracer)
-            and (no_trace_running() or in_compile_time_eval())):
+    if not isinstance(value, jax.core.Tracer) and (
+            (jd.platform == "cpu" and no_trace_running()) or in_compile_time_eval()):
         return jax.device_put(np.full(shape, value, dtype), jd)
     return jnp.full(shape, value, dtype, device=jd)
 
@@ -53,6 +53,16 @@ def _as_shape(shape: ShapeLike) -> Tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
     return tuple(int(s) for s in shape)
+
+
+_tensor_names = [0]  # the next automatic tensor number (names ``Dummy#N``)
+
+
+class _ClassCount:
+    """``Tensor.tensor_count``: the number of tensors named automatically so far."""
+
+    def __get__(self, obj: Any, cls: Any = None) -> int:
+        return _tensor_names[0]
 
 
 class InvalidIndex(IndexError, ValueError):
@@ -167,7 +177,10 @@ class Tensor:
     NumPy broadcasting; comparisons give 0/1 in the left operand's dtype, as SINGA's do.
     """
 
-    tensor_count = 0
+    # SINGA's count of automatically named tensors (read-only here: the count lives in
+    # _tensor_names, because writing a class attribute per tensor would invalidate the
+    # interpreter's attribute caches of Tensor)
+    tensor_count = _ClassCount()
     __array_priority__ = 100  # make ndarray (op) Tensor defer to Tensor's reflected operators
     __array_ufunc__ = None    # ... for every NumPy operator, ufuncs included
     # PyTorch-style autograd (see singa_jax.autograd.torch_style): True for a leaf made by
@@ -208,8 +221,9 @@ class Tensor:
         self.requires_grad = bool(requires_grad or stores_grad)
         self.stores_grad = bool(stores_grad)
         if name is None:
-            self.name = f"Dummy#{Tensor.tensor_count}"
-            Tensor.tensor_count += 1
+            n = _tensor_names[0]
+            _tensor_names[0] = n + 1
+            self.name = f"Dummy#{n}"
         else:
             self.name = name
         if creator is None:
@@ -702,10 +716,16 @@ def result_tensor(array: jax.Array, device: Device, requires_grad: bool = True,
     made when first asked for, as for graph mode's results."""
     t = object.__new__(Tensor)
     if name is None:
-        name = f"Dummy#{Tensor.tensor_count}"
-        Tensor.tensor_count += 1
-    t.__dict__.update(_data=array if placed else device.put(array), device=device,
-                      requires_grad=bool(requires_grad), stores_grad=False, name=name)
+        n = _tensor_names[0]
+        _tensor_names[0] = n + 1
+        name = f"Dummy#{n}"
+    # (one attribute at a time, in __init__'s order: the values stay in the instance's
+    # shared-key storage, no dict object is made)
+    t._data = array if placed else device.put(array)
+    t.device = device
+    t.requires_grad = bool(requires_grad)
+    t.stores_grad = False
+    t.name = name
     if creator is not None:
         t.creator = creator
     hook = _current_hook()
