@@ -9,7 +9,16 @@ program); ``--cache both`` reports both; ``--cache off`` disables the cache
 (``SINGA_JAX_COMPILATION_CACHE=0``).
 
     python benchmarks/bench_compile.py [--models resnet50,xception] [--batch 8] [--cache both]
-                                       [--torch 5]
+                                       [--torch 5] [--repeat 3] [--no-reference]
+
+For the ResNets (18, 50) the reference is a hand-written ``jax.jit`` step of the same network
+(benchmarks/resnet_jax.py: JAX's default compile options, parameters from NumPy) whose FIRST
+call -- trace, XLA compile, run -- is timed in a fresh process with a cold cache of its own,
+right after singa_jax's cold run; "ratio" is singa_jax's ``compile()`` + first call over it
+(the first-step target). ``--repeat N`` alternates the two N times (a loaded machine: compare
+the ratios of each pair and their median). Times are wall-clock seconds; "cpu" is the
+process's CPU time (all its threads), steadier than wall time when other work shares the
+machine.
 
 ``--torch N`` also times N steps of PyTorch's eager ResNet of the same layers (SGD with
 momentum, batch ``--batch``), in its own process, after one warm-up step: the steady step
@@ -28,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("cnn", "alexnet", "resnet18", "resnet50", "resnet101", "xception")
@@ -59,20 +69,21 @@ def _child(name: str, batch: int) -> None:
         jax.block_until_ready([t.array for t in net.get_states().values()] +
                               [t.array for t in net.optimizer.get_states().values()])
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     net.compile([tensor.Tensor((batch, channels, size, size))], is_train=True, use_graph=True)
     wait_all()
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     net(x, y)
     wait_all()
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     net(x, y)
     wait_all()
     t3 = time.perf_counter()
     runner = net._graph_runner
     print(json.dumps({"model": name, "import": imported - start, "compile": t1 - t0,
-                      "first": t2 - t1, "second": t3 - t2, "traces": runner.trace_count,
-                      "programs": len(runner.programs)}))
+                      "first": t2 - t1, "second": t3 - t2, "compile_cpu": c1 - c0,
+                      "first_cpu": c2 - c1, "traces": runner.trace_count,
+                      "compiles": runner.compile_count, "programs": len(runner.programs)}))
 
 
 def _torch_child(name: str, batch: int, steps: int) -> None:
@@ -135,6 +146,24 @@ def _torch_steps(name: str, batch: int, steps: int) -> list:
     return json.loads(out.stdout.strip().splitlines()[-1]) or []
 
 
+# the hand-written jax.jit reference (benchmarks/resnet_jax.py) of these models: their depth
+REFERENCE_DEPTHS = {"resnet18": 18, "resnet50": 50}
+
+
+def _reference(name: str, batch: int) -> dict:
+    """The hand-written step's first call in a fresh process with a new, empty cache."""
+    with tempfile.TemporaryDirectory(prefix="jax_xla_") as folder:
+        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=folder,
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+        out = subprocess.run([sys.executable, os.path.join(os.path.dirname(
+            os.path.abspath(__file__)), "resnet_jax.py"), "--first-call", "--depth",
+            str(REFERENCE_DEPTHS[name]), "--batch", str(batch)], env=env, capture_output=True,
+            text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"resnet_jax {name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _run(name: str, batch: int, cache_dir: str) -> dict:
     env = dict(os.environ)
     env["SINGA_JAX_COMPILATION_CACHE"] = cache_dir
@@ -146,10 +175,18 @@ def _run(name: str, batch: int, cache_dir: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _report(tag: str, r: dict) -> None:
-    print(f"{r['model']:10s} {tag:5s} compile() {r['compile']:6.2f}s  first call "
-          f"{r['first']:6.2f}s  compile+first {r['compile'] + r['first']:6.2f}s  second call "
-          f"{r['second']:6.3f}s  traces {r['traces']} programs {r['programs']}", flush=True)
+def _report(tag: str, r: dict, ref: Optional[dict] = None) -> None:
+    line = (f"{r['model']:10s} {tag:5s} compile() {r['compile']:6.2f}s  first call "
+            f"{r['first']:6.2f}s  compile+first {r['compile'] + r['first']:6.2f}s "
+            f"(cpu {r['compile_cpu'] + r['first_cpu']:6.2f}s)  second call "
+            f"{r['second']:6.3f}s  traces {r['traces']} compiles {r['compiles']} "
+            f"programs {r['programs']}")
+    if ref is not None:
+        line += (f"\n{r['model']:10s} jax.jit first call {ref['first']:6.2f}s "
+                 f"(cpu {ref['first_cpu']:6.2f}s)  second call {ref['second']:6.3f}s  ratio "
+                 f"{(r['compile'] + r['first']) / ref['first']:.2f} (cpu "
+                 f"{(r['compile_cpu'] + r['first_cpu']) / ref['first_cpu']:.2f})")
+    print(line, flush=True)
 
 
 def main() -> None:
@@ -159,6 +196,10 @@ def main() -> None:
     ap.add_argument("--cache", choices=("cold", "warm", "both", "off"), default="both")
     ap.add_argument("--torch", type=int, default=0, metavar="N",
                     help="also time N steps of PyTorch's ResNet (ResNets only)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="run each model N times (with its reference, alternating)")
+    ap.add_argument("--no-reference", action="store_true",
+                    help="skip the hand-written jax.jit first call")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--torch-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -173,15 +214,28 @@ def main() -> None:
         name = name.strip()
         if name not in MODELS:
             raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
-        if args.cache == "off":
-            _report("off", _run(name, args.batch, "0"))
-        else:
+        ratios = []
+        for _ in range(args.repeat):
+            with_ref = not args.no_reference and name in REFERENCE_DEPTHS and \
+                args.cache in ("cold", "both")
+            if args.cache == "off":
+                _report("off", _run(name, args.batch, "0"))
+                continue
             with tempfile.TemporaryDirectory(prefix="singa_jax_xla_") as folder:
                 cold = _run(name, args.batch, folder)
+                ref = _reference(name, args.batch) if with_ref else None
                 if args.cache in ("cold", "both"):
-                    _report("cold", cold)
+                    _report("cold", cold, ref)
+                if ref is not None:
+                    ratios.append(((cold["compile"] + cold["first"]) / ref["first"],
+                                   (cold["compile_cpu"] + cold["first_cpu"]) / ref["first_cpu"]))
                 if args.cache in ("warm", "both"):
                     _report("warm", _run(name, args.batch, folder))
+        if len(ratios) > 1:
+            print(f"{name:10s} first step / jax.jit's first call: median "
+                  f"{statistics.median(r[0] for r in ratios):.2f} wall, "
+                  f"{statistics.median(r[1] for r in ratios):.2f} cpu "
+                  f"({len(ratios)} pairs)", flush=True)
         if args.torch and name in ("resnet50", "resnet101"):
             steps = _torch_steps(name, args.batch, args.torch)
             if steps:

@@ -21,7 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 
-from .modes import traced_keys
+from . import host_prng
+from .modes import in_compile_time_eval, traced_keys
 
 __all__ = [
     "Device", "device_of", "get_default_device", "set_default_device", "create_cpu_device", "create_cpu_devices",
@@ -104,7 +105,12 @@ class Device:
             traced[self] = (tracer, base)
             return sub
         with self._lock:
-            self._key, sub = jax.random.split(self._key)
+            if in_compile_time_eval() and host_prng.supported(self._key):
+                # compile()'s initialisation: the same split on the host, no XLA program (not
+                # elsewhere: reading the key waits for the step that wrote it)
+                self._key, sub = host_prng.split(self._key)
+            else:
+                self._key, sub = jax.random.split(self._key)
         return sub
 
     def EnableGraph(self, enable: bool) -> None:

@@ -20,15 +20,21 @@ What is state
     * every Device's PRNG key (dropout masks and random fills advance it),
     * anything else the step touches, found by :class:`_Recorder`, which is installed as
       ``tensor``'s trace hook and sees every ``Tensor.data`` read/write and Tensor creation.
-      The first trace of a training step usually meets such state: an optimizer creates its
-      slots on its first update, a layer first used inside the step builds its parameters, a
-      pre-existing Tensor nobody declared (a mask kept on the model, a counter) is read. A
+      A first trace may meet such state: a layer first used inside the step builds its
+      parameters, a pre-existing Tensor nobody declared (a mask kept on the model, a counter)
+      is read, an optimizer creates its slots on its first update (a Model makes those before
+      the trace and passes them as ``provisional`` state, so its usual step is traced and
+      compiled once; see :meth:`GraphRunner.run`). A
       Tensor the trace reads is baked into that program as a constant (correct for this call:
       it equals the tensor's current value); one it writes, or creates and keeps, leaves the
       program as an extra output and gets its concrete value after the call. All of them join
       the state, that program runs once (compiled without the backend's expensive
       optimisations, since compiling is most of its cost) and the next call retraces with them
       as inputs; that program is the one reused from then on.
+
+    :meth:`GraphRunner.prepare` traces and compiles a call without running it (a program
+    compiled ahead: ``Model.compile_step``); a trace that meets state only a run could give
+    values to is then undone and not compiled (:class:`ProgramNotKept`).
 
     Why not "discard the trace and retrace before running": a discarded trace cannot undo its
     Python side effects (a momentum buffer created during it stays in the optimizer holding a
@@ -53,7 +59,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import sys
 import time
 import types
 import warnings
@@ -68,13 +73,18 @@ import numpy as np
 from . import checks
 from . import device as device_mod
 from .autograd.engine import Dummy
-from .graph_layout import Layout, StepLowering, birth_values
+from .graph_layout import (Layout, StepLowering, avals_of, birth_values, buffer_id,
+                           build_result, copy_shared, rebuild_leaves, result_outputs, unalias)
 from .xla_options import compile_options, platform_of
 from .precision import float32_matmul_precision
 from .modes import TraceHook, autocast_dtype, current_trace_hook, trace_hook
 from .tensor import Tensor
 
-__all__ = ["GraphRunner", "GraphModeError", "tensors_in", "NOT_CACHED"]
+# their names here before they moved to graph_layout (_copy_shared is looked up here per call,
+# so a test can watch what a step donates)
+_unalias, _buffer_id, _copy_shared = unalias, buffer_id, copy_shared
+
+__all__ = ["GraphRunner", "GraphModeError", "ProgramNotKept", "tensors_in", "NOT_CACHED"]
 
 # Errors JAX raises when Python code asks for the concrete value of a traced array.
 _CONCRETE_VALUE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
@@ -90,6 +100,16 @@ _ONE_OFFS_BEFORE_WARNING = 5
 
 class GraphModeError(TypeError):
     """The step cannot be compiled as one program (it branches on a tensor's value)."""
+
+
+class ProgramNotKept(Exception):
+    """:meth:`GraphRunner.prepare`: the traced step met state it can only take as input once it
+    has run, so its program serves that one call and was not kept."""
+
+    def __init__(self, where: str):
+        super().__init__(f"graph mode: {where} meets new state on its first call (a layer or "
+                         f"Tensor first made inside the step), so its program can only be "
+                         f"kept once it has run")
 
 
 def _is_tracer(x: Any) -> bool:
@@ -277,6 +297,7 @@ class GraphRunner:
         self._one_offs: Dict[str, int] = {}  # consecutive non-cacheable traces, per method
         # the last compiled program of each "Owner.method", as export() lowers it again
         self._lowerings: Dict[str, StepLowering] = {}
+        self._unused_provisional: List[Tensor] = []
         # Data-parallel layout of the next traced step (an opt.dist.SpmdStep: the step runs
         # under shard_map over all ranks' devices) or None. A Model sets it from its DistOpt
         # before each call; it must be reflected in run()'s ``static`` (DistOpt's key is).
@@ -284,21 +305,52 @@ class GraphRunner:
 
     # -- public entry ------------------------------------------------------------------------
     def run(self, fn: Callable, name: str, args: tuple, kwargs: dict,
-            declared_state: Sequence[Tensor], training: bool, static: Hashable = ()) -> Any:
+            declared_state: Sequence[Tensor], training: bool, static: Hashable = (),
+            provisional: Sequence[Tensor] = ()) -> Any:
         """Run ``fn(*args, **kwargs)`` as one compiled program; see the module docstring.
         ``static`` is whatever else the program bakes in (a Model passes its optimizers'
         schedules), so that a change of it compiles a new program.
 
         Pass ``declared_state`` as a tuple (a Model passes the same tuple until its state
-        changes) and its identities are not re-collected on every call."""
+        changes) and its identities are not re-collected on every call. ``provisional``: the
+        declared Tensors the caller made ahead of this trace in case the step uses them (a
+        Model's optimizer slots, see :meth:`unused_provisional`)."""
         if current_trace_hook() is not None:
             # inside a trace (this model's or another's): run inline, so that the outer
             # program takes this model's ops (and state) in
             return fn(*args, **kwargs)
+        self._unused_provisional = []
         result = self.run_cached(name, args, kwargs, declared_state, training, static)
         if result is not NOT_CACHED:
             return result
-        return self._trace_and_run(fn, name, args, kwargs, declared_state, training, static)
+        prog, arrays = self._trace_and_keep(fn, name, args, kwargs, declared_state, training,
+                                            static, provisional)
+        return self._execute(prog, arrays)
+
+    def prepare(self, fn: Callable, name: str, args: tuple, kwargs: dict,
+                declared_state: Sequence[Tensor], training: bool, static: Hashable = (),
+                provisional: Sequence[Tensor] = ()) -> None:
+        """Trace and compile the program of the call ``fn(*args, **kwargs)`` as :meth:`run`
+        would, without running it: a later call with arguments of the same signature runs it
+        at once; a call already compiled is left as it is. A step that meets new state it can
+        only take as input once it has run (a layer first built inside the step) is not
+        compiled: :class:`ProgramNotKept` is raised after its trace, which has put back every
+        state value (a Tensor it created holds zeros: the caller undoes its creation, see
+        ``Model.compile_step``)."""
+        self._unused_provisional = []
+        key = self._call_key(name, args, kwargs, declared_state, training, static)[3]
+        if key in self.programs or (self.programs and self._rekeyed(
+                key, self._state_list(declared_state)) is not None):
+            return
+        self._trace_and_keep(fn, name, args, kwargs, declared_state, training, static,
+                             provisional, dry=True)
+
+    @property
+    def unused_provisional(self) -> List[Tensor]:
+        """The ``provisional`` Tensors the last traced program neither reads nor writes (the
+        caller may drop them: the program does not take them, and no longer counts them as
+        its state)."""
+        return self._unused_provisional
 
     def export(self, name: str, platforms: Sequence[str] = ("cuda", "tpu")
                ) -> jax.export.Exported:
@@ -337,15 +389,24 @@ class GraphRunner:
         self._last = (key, prog)
         return result
 
-    def _trace_and_run(self, fn: Callable, name: str, args: tuple, kwargs: dict,
-                       declared_state: Sequence[Tensor], training: bool, static: Hashable
-                       ) -> Any:
-        """Trace the call, keep its program (when it can serve later calls) and run it."""
+    def _trace_and_keep(self, fn: Callable, name: str, args: tuple, kwargs: dict,
+                        declared_state: Sequence[Tensor], training: bool, static: Hashable,
+                        provisional: Sequence[Tensor] = (), dry: bool = False
+                        ) -> Tuple[_Program, list]:
+        """Trace the call and keep its program (when it can serve later calls); returns the
+        program and the call's batch arrays. ``dry``: see :meth:`_trace`."""
         leaves, arg_tree, arrays, key = self._call_key(name, args, kwargs, declared_state,
                                                        training, static)
         state = self._state_list(declared_state)
         prog = self._trace(fn, f"{self.owner_name}.{name}", leaves, arg_tree, arrays, state,
-                           device_mod.all_devices())
+                           device_mod.all_devices(), dry=dry)
+        self._unused_provisional = []
+        if provisional:
+            used = {id(t) for t in [*prog.donated, *prog.read, *prog.written, *prog.extra_out]}
+            self._unused_provisional = [t for t in provisional if id(t) not in used]
+            # the program is the state it takes: a caller that drops the unused ones finds it
+            # again under the state it declares then (see _rekeyed)
+            prog.state_ids = prog.state_ids - {id(t) for t in self._unused_provisional}
         if prog.cacheable:
             self._one_offs.pop(name, None)
             # programs of the same call for other state tensors (replaced slots, ...) are most
@@ -357,7 +418,7 @@ class GraphRunner:
             self.programs[key] = prog
         else:
             self._count_one_off(name, prog)
-        return self._execute(prog, arrays)
+        return prog, arrays
 
     def _call_key(self, name: str, args: tuple, kwargs: dict, declared_state: Sequence[Tensor],
                   training: bool, static: Hashable) -> Tuple[Sequence[Any], Any, list, Tuple]:
@@ -429,7 +490,7 @@ class GraphRunner:
     # -- tracing -----------------------------------------------------------------------------
     def _trace(self, fn: Callable, where: str, leaves: Sequence[Any], arg_tree,
                batch_arrays: list, state: List[Tensor], devices: Sequence[device_mod.Device],
-               first: bool = True) -> _Program:
+               first: bool = True, dry: bool = False) -> _Program:
         """Trace the step over ``state`` and compile the program that is kept.
 
         When the trace meets new state (``first`` trace only) and every Tensor the step created
@@ -438,7 +499,10 @@ class GraphRunner:
         those Tensors holding their birth values as inputs: that program computes this call
         exactly too, so it is compiled once and kept. Otherwise (a parameter built inside the
         step, a Tensor first written after its creation) the first program computes this call
-        alone, as a quickly compiled one-off, and the next call retraces."""
+        alone, as a quickly compiled one-off, and the next call retraces -- or, ``dry`` (a
+        program compiled ahead, not run), is not compiled: every Tensor the trace left a tracer
+        in gets its value from before the trace back (zeros for one it created) and
+        :class:`ProgramNotKept` is raised."""
         self.trace_count += 1
         originals = [t.array for t in state]
         original_keys = [d.key for d in devices]
@@ -453,13 +517,13 @@ class GraphRunner:
                 t.array = a
             for d, k in zip(devices, keys):
                 d.key = k
-            call_leaves = _rebuild_leaves(leaves, batch_arrays)
+            call_leaves = rebuild_leaves(leaves, batch_arrays)
             args, kwargs = jax.tree_util.tree_unflatten(arg_tree, call_leaves)
             recorder.known_ids.update(id(x) for x in call_leaves if isinstance(x, Tensor))
             with trace_hook(recorder), checks.input_checks(batch_arrays) as input_checks:
                 result = fn(*args, **kwargs)
             res_leaves, res_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
-            kinds, res_arrays = _result_outputs(res_leaves)
+            kinds, res_arrays = result_outputs(res_leaves)
             # Drop our references to the step's temporaries so that only the Tensors the user's
             # objects keep (optimizer slots, lazily built parameters) are found alive below.
             # (The autograd graph holds no reference cycles -- a leaf's Dummy holds its Tensor
@@ -492,6 +556,12 @@ class GraphRunner:
             births = None
             if new_state and with_births:
                 births = birth_values(closed, recorder, alive)
+            if births is None and new_state and dry:
+                for t in record["extra"]:  # written, not declared: the value it had
+                    original = recorder.written_originals.get(id(t))
+                    if original is not None:
+                        t._data = original
+                raise ProgramNotKept(where)
             if births is None:
                 layout = Layout(closed, record["rewritten"], len(state), len(devices),
                                 len(record["extra"]), len(alive) if with_births else 0)
@@ -524,7 +594,7 @@ class GraphRunner:
             self._discover(new_state)
             full = list({id(t): t for t in [*state, *self.discovered]}.values())
             return self._trace(fn, where, leaves, arg_tree, batch_arrays, full, devices,
-                               first=False)
+                               first=False, dry=dry)
         self.last_compile_seconds = time.perf_counter() - start
         self._discover(new_state)
         donated, donated_devices = layout.pick(layout.donated, state, devices)
@@ -590,17 +660,17 @@ class GraphRunner:
             donated += map(_key_of, prog.donated_devices)
         read = [*map(_array_of, prog.read), *map(_key_of, prog.read_devices)]
         _copy_shared(donated)
-        _unalias(donated, read + batch, id)
+        unalias(donated, read + batch, id)
         try:
             outputs = prog.compiled(donated, read, batch)
         except TypeError:
-            if _avals(prog.compiled.args_info) != _avals((donated, read, batch)):
+            if avals_of(prog.compiled.args_info) != avals_of((donated, read, batch)):
                 return _INPUTS_CHANGED  # a state tensor was rebound to another shape/dtype
             raise
         except jax.errors.JaxRuntimeError:
             # two Tensors over one buffer that the cheap identity check missed (reading buffer
             # pointers waits for pending work, so it is only done when XLA refuses the call)
-            if not _unalias(donated, read + batch, _buffer_id):
+            if not unalias(donated, read + batch, buffer_id):
                 raise
             outputs = prog.compiled(donated, read, batch)
         new_state, new_keys, extra, res_arrays = outputs
@@ -618,7 +688,7 @@ class GraphRunner:
         if not prog.checked:  # outputs of a compiled program are concrete; check the first run
             _assert_no_tracers(prog)
             prog.checked = True
-        return _build_result(prog, res_arrays)
+        return build_result(prog.result_kinds, prog.result_tree, res_arrays)
 
 
 def _restore(state: List[Tensor], arrays: list, devices: List[device_mod.Device],
@@ -634,70 +704,6 @@ _array_of = operator.attrgetter("_data")
 _key_of = operator.attrgetter("key")
 
 
-def _rebuild_leaves(leaves: list, arrays: list) -> list:
-    """The call's leaves with each tensor argument replaced by a new Tensor over its tracer."""
-    it = iter(arrays)
-    out = []
-    for x in leaves:
-        if isinstance(x, Tensor):
-            out.append(Tensor(data=next(it), device=x.device, requires_grad=x.requires_grad,
-                              stores_grad=x.stores_grad, name=x.name))
-        elif isinstance(x, (jax.Array, np.ndarray)):
-            out.append(next(it))
-        else:
-            out.append(x)
-    return out
-
-
-def _result_outputs(res_leaves: list) -> Tuple[List[Tuple], list]:
-    kinds, arrays = [], []
-    for r in res_leaves:
-        if isinstance(r, Tensor):
-            arrays.append(r.array)
-            # every attribute of the traced result except its value and its traced graph (a
-            # Tensor without a creator gets its Dummy when first asked, see Tensor.__getattr__)
-            template = {k: v for k, v in vars(r).items() if k not in ("_data", "creator")}
-            kinds.append(("T", template))
-        elif isinstance(r, jax.Array) or _is_tracer(r):
-            kinds.append(("A",))
-            arrays.append(r)
-        else:
-            kinds.append(("S", r))
-    return kinds, arrays
-
-
-def _build_result(prog: _Program, arrays: list) -> Any:
-    it = iter(arrays)
-    leaves = []
-    for kind in prog.result_kinds:
-        if kind[0] == "T":
-            # filling a bare Tensor from the template is much cheaper than Tensor(...), which
-            # re-places the array on its device; the array already is where the program put it
-            t = object.__new__(Tensor)
-            t.__dict__.update(kind[1])
-            t._data = next(it)  # a program output: already an array on its device
-            leaves.append(t)
-        elif kind[0] == "A":
-            leaves.append(next(it))
-        else:
-            leaves.append(kind[1])
-    return jax.tree_util.tree_unflatten(prog.result_tree, leaves)
-
-
-def _unalias(donated: list, others: list, buffer_id: Callable) -> bool:
-    """Donated buffers must be distinct from each other and from every other input: copy a
-    donated array whose buffer is also passed elsewhere (tied weights, a Tensor built over
-    another's array). Returns whether any was copied."""
-    if len(set(map(buffer_id, donated + others))) == len(donated) + len(others):
-        return False  # the usual case: all distinct
-    seen = set(map(buffer_id, others))
-    for i, a in enumerate(donated):
-        if buffer_id(a) in seen:
-            donated[i] = a = a.copy()
-        seen.add(buffer_id(a))
-    return True
-
-
 @contextlib.contextmanager
 def _key_locks(devices: Sequence[device_mod.Device]) -> Iterator[None]:
     """Hold the locks of ``devices`` (each once, in one global order: no deadlock)."""
@@ -707,34 +713,11 @@ def _key_locks(devices: Sequence[device_mod.Device]) -> Iterator[None]:
         yield
 
 
-def _copy_shared(donated: list) -> None:
-    """Donating a buffer deletes its array, so donate only arrays nothing else holds: an array
-    also held by another Tensor (``set_states`` from the user's tensors, ``Tensor(data=p.array)``)
-    or by the user (``w = p.array``) is copied first, and theirs stays valid. Python's reference
-    count tells: the list slot, the owner (``Tensor._data`` or ``Device.key``) and getrefcount's
-    own argument make 3."""
-    for i in range(len(donated)):
-        if sys.getrefcount(donated[i]) > 3:
-            donated[i] = donated[i].copy()
-
-
-def _avals(tree: Any) -> list:
-    """(shape, dtype) of every leaf of ``tree`` (arrays or a compiled program's args_info)."""
-    return [(tuple(x.shape), np.dtype(x.dtype)) for x in jax.tree_util.tree_leaves(tree)]
-
-
 # what _execute returns when a cached program no longer fits its state (it is then retraced)
 _INPUTS_CHANGED = object()
 
 # what GraphRunner.run_cached returns when no compiled program serves the call
 NOT_CACHED = object()
-
-
-def _buffer_id(a) -> int:
-    try:
-        return a.unsafe_buffer_pointer()
-    except Exception:  # sharded or non-jax arrays: identity is the best we can tell
-        return id(a)
 
 
 def _detach(t: Tensor) -> None:

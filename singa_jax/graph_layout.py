@@ -2,13 +2,18 @@
 (:class:`Layout`), the values of the state it created (:func:`birth_values`), and what lowering
 it again needs (:class:`StepLowering`: for other platforms, with ``jax.export``).
 
+It also holds how a program's inputs and outputs meet Python objects: the call's Tensors over
+traced arrays (:func:`rebuild_leaves`), the result's leaves (:func:`result_outputs`,
+:func:`build_result`) and the donated buffers' checks (:func:`copy_shared`, :func:`unalias`).
+
 Split from :mod:`.graph`, which traces, compiles, caches and runs; nothing here holds a Tensor
 after it returns.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
+import sys
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import jax
 import jax.extend.core as jex_core
@@ -20,7 +25,8 @@ from .tensor import Tensor
 if TYPE_CHECKING:  # graph imports this module
     from .graph import _Recorder
 
-__all__ = ["Layout", "StepLowering", "birth_values"]
+__all__ = ["Layout", "StepLowering", "birth_values", "rebuild_leaves", "result_outputs",
+           "build_result", "unalias", "copy_shared", "avals_of", "buffer_id"]
 
 
 class Layout:
@@ -154,3 +160,95 @@ class StepLowering:
             raise ValueError("export: name at least one platform, e.g. ('cuda', 'tpu')")
         jitted = jax.jit(self.program, donate_argnums=0)
         return jax.export.export(jitted, platforms=platforms)(*self.avals)
+
+
+# --- a program's inputs and outputs as Python objects -----------------------------------------
+def rebuild_leaves(leaves: list, arrays: list) -> list:
+    """The call's leaves with each tensor argument replaced by a new Tensor over its tracer."""
+    it = iter(arrays)
+    out = []
+    for x in leaves:
+        if isinstance(x, Tensor):
+            out.append(Tensor(data=next(it), device=x.device, requires_grad=x.requires_grad,
+                              stores_grad=x.stores_grad, name=x.name))
+        elif isinstance(x, (jax.Array, np.ndarray)):
+            out.append(next(it))
+        else:
+            out.append(x)
+    return out
+
+
+def result_outputs(res_leaves: list) -> Tuple[List[Tuple], list]:
+    """What a traced method's result leaves are -- ("T", a Tensor's attributes), ("A",) an
+    array, ("S", value) anything else -- and the arrays the program returns for them."""
+    kinds, arrays = [], []
+    for r in res_leaves:
+        if isinstance(r, Tensor):
+            arrays.append(r.array)
+            # every attribute of the traced result except its value and its traced graph (a
+            # Tensor without a creator gets its Dummy when first asked, see Tensor.__getattr__)
+            template = {k: v for k, v in vars(r).items() if k not in ("_data", "creator")}
+            kinds.append(("T", template))
+        elif isinstance(r, (jax.Array, jax.core.Tracer)):
+            kinds.append(("A",))
+            arrays.append(r)
+        else:
+            kinds.append(("S", r))
+    return kinds, arrays
+
+
+def build_result(result_kinds: List[Tuple], result_tree: Any, arrays: list) -> Any:
+    """The method's result: each leaf of ``result_kinds`` (see :func:`result_outputs`) rebuilt
+    over the program's result ``arrays``."""
+    it = iter(arrays)
+    leaves = []
+    for kind in result_kinds:
+        if kind[0] == "T":
+            # filling a bare Tensor from the template is much cheaper than Tensor(...), which
+            # re-places the array on its device; the array already is where the program put it
+            t = object.__new__(Tensor)
+            t.__dict__.update(kind[1])
+            t._data = next(it)  # a program output: already an array on its device
+            leaves.append(t)
+        elif kind[0] == "A":
+            leaves.append(next(it))
+        else:
+            leaves.append(kind[1])
+    return jax.tree_util.tree_unflatten(result_tree, leaves)
+
+
+def unalias(donated: list, others: list, buffer_id: Callable) -> bool:
+    """Donated buffers must be distinct from each other and from every other input: copy a
+    donated array whose buffer is also passed elsewhere (tied weights, a Tensor built over
+    another's array). Returns whether any was copied."""
+    if len(set(map(buffer_id, donated + others))) == len(donated) + len(others):
+        return False  # the usual case: all distinct
+    seen = set(map(buffer_id, others))
+    for i, a in enumerate(donated):
+        if buffer_id(a) in seen:
+            donated[i] = a = a.copy()
+        seen.add(buffer_id(a))
+    return True
+
+
+def copy_shared(donated: list) -> None:
+    """Donating a buffer deletes its array, so donate only arrays nothing else holds: an array
+    also held by another Tensor (``set_states`` from the user's tensors, ``Tensor(data=p.array)``)
+    or by the user (``w = p.array``) is copied first, and theirs stays valid. Python's reference
+    count tells: the list slot, the owner (``Tensor._data`` or ``Device.key``) and getrefcount's
+    own argument make 3."""
+    for i in range(len(donated)):
+        if sys.getrefcount(donated[i]) > 3:
+            donated[i] = donated[i].copy()
+
+
+def avals_of(tree: Any) -> list:
+    """(shape, dtype) of every leaf of ``tree`` (arrays or a compiled program's args_info)."""
+    return [(tuple(x.shape), np.dtype(x.dtype)) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def buffer_id(a) -> int:
+    try:
+        return a.unsafe_buffer_pointer()
+    except Exception:  # sharded or non-jax arrays: identity is the best we can tell
+        return id(a)

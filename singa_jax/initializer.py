@@ -21,6 +21,7 @@ from typing import Callable, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .tensor import Tensor
 
@@ -69,7 +70,9 @@ def eye(t: Tensor) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"initializer.eye: expected a Tensor, got {type(t).__name__}")
     _require_matrix("eye", t)
-    t.array = t.device.put(jnp.eye(t.shape[0], t.shape[1], dtype=t.dtype))
+    # NumPy builds it: jnp.eye compiles a program per shape (compile()'s initialisation
+    # compiles none per layer)
+    t.array = t.device.put(np.eye(t.shape[0], t.shape[1], dtype=t.dtype))
 
 
 def orthogonal(t: Tensor, gain: float = 1.0) -> None:

@@ -40,8 +40,9 @@ import numpy as np
 from . import autograd, checkpoint, checks, modes, opt, replay
 from . import device as device_mod
 from .autograd.mixed_precision import compute_dtype
-from .graph import NOT_CACHED, GraphRunner, tensors_in
+from .graph import NOT_CACHED, GraphModeError, GraphRunner, ProgramNotKept, tensors_in
 from .layer.base import Layer, LayerMeta, concrete_initialization
+from .opt import state_ahead
 from .opt.dist import spmd_of
 from .opt.spmd import bring_state_home, state_entered_mesh
 from .transaction import StepTransaction
@@ -129,7 +130,12 @@ class Model(Layer, metaclass=ModelMeta):
 
         The placeholders run through ``forward`` once in evaluation mode, which creates every
         parameter (as SINGA's buffered-and-discarded forward does) without touching batch-norm
-        statistics.
+        statistics. That forward is traced on shapes only and the parameters are filled on the
+        host: no program is compiled per layer (see :func:`_initialize`). With
+        ``is_train=False`` and ``use_graph=True`` the evaluation step -- ``forward`` on inputs
+        like the placeholders -- is compiled here too (:meth:`compile_step`), so the first
+        ``model(x)`` runs at once; a training step takes arguments compile() is not given (the
+        labels, ...): :meth:`compile_step` compiles it ahead when asked.
         """
         if not isinstance(inputs, (list, tuple)) or not inputs:
             raise TypeError(f"{type(self).__name__}.compile: expects a non-empty list of input "
@@ -149,6 +155,12 @@ class Model(Layer, metaclass=ModelMeta):
             autograd.training = prev
         self.train(is_train)
         self.graph(use_graph, sequential)
+        if use_graph and not is_train:
+            # the evaluation step is known: forward on inputs like the placeholders
+            try:
+                self.compile_step(*inputs)
+            except GraphModeError:
+                pass  # a forward that branches on values: its first call says so, as before
 
     def set_optimizer(self, optimizer: Any) -> None:
         """Use ``optimizer`` (SINGA's examples call it as ``self.optimizer(loss)``)."""
@@ -200,17 +212,66 @@ class Model(Layer, metaclass=ModelMeta):
         return self._step(self.forward, "forward", input, kwargs,
                           self.graph_mode and _leads_with_tensor(input))
 
-    def _step(self, fn: Callable, name: str, args: tuple, kwargs: dict, graph: bool) -> Any:
+    def compile_step(self, *args: Any, **kwargs: Any) -> bool:
+        """Compile now, without running it, the graph-mode program of the call
+        ``model(*args, **kwargs)`` -- ``train_one_batch`` in training mode, ``forward`` in
+        evaluation mode --, so that the first such call (arguments of the same shapes, dtypes,
+        devices and non-tensor values) runs at the speed of every later one. Nothing the step
+        would change is changed: parameters, optimizer state and device keys keep their values,
+        and the step's Python code runs only as a trace (its Python side effects happen, as in
+        the first call's trace). Returns True when the program is compiled; False when the step
+        meets state that only running it can make (a layer first built inside
+        ``train_one_batch``): then the first call compiles it, as without ``compile_step``.
+
+        ``compile()`` cannot do this for a training step by itself: it is given the inputs of
+        ``forward``, not the labels or other arguments of ``train_one_batch`` (see
+        docs/model.md). In evaluation mode with ``use_graph=True`` it compiles ``forward`` for
+        its placeholders itself."""
+        owner = f"{type(self).__name__}.compile_step"
+        if not self.graph_mode:
+            raise RuntimeError(f"{owner}: the model is not in graph mode (compile it with "
+                               f"use_graph=True, or call model.graph(True)); an eager call "
+                               f"compiles each operator's kernel as it first meets it")
+        if not _leads_with_tensor(args):
+            raise ValueError(f"{owner}: graph mode expects a Tensor (or a list of Tensors) as "
+                             f"first argument, got "
+                             f"{type(args[0]).__name__ if args else 'no arguments'}")
+        if self.training:
+            wrapper = getattr(type(self), "train_one_batch", None)
+            func = getattr(wrapper, "__wrapped_step__", None)
+            if func is None:
+                raise NotImplementedError(f"{owner}: {type(self).__name__}.train_one_batch is "
+                                          f"not implemented")
+            fn, name = MethodType(func, self), "train_one_batch"
+        else:
+            fn, name = self.forward, "forward"
+        # the trace may add layers and attributes (a layer built inside the step): if its
+        # program is not kept, every layer's attributes are put back as they were
+        layers = [(lay, dict(vars(lay)), dict(lay.__dict__.get("_layers", {})))
+                  for lay in _layer_tree(self)]
+        try:
+            self._step(fn, name, args, kwargs, True, compile_only=True)
+        except ProgramNotKept:
+            for lay, attrs, sublayers in layers:
+                vars(lay).clear()
+                vars(lay).update(attrs)
+                vars(lay)["_layers"] = sublayers
+            return False
+        return True
+
+    def _step(self, fn: Callable, name: str, args: tuple, kwargs: dict, graph: bool,
+              compile_only: bool = False) -> Any:
         """One call of ``train_one_batch`` or ``forward``: in this model's own training mode
         (whatever other threads set), compiled when ``graph``, and as a transaction -- if it
         raises, every parameter, buffer, optimizer state and device key is what it was before
-        (see :mod:`singa_jax.transaction`)."""
+        (see :mod:`singa_jax.transaction`). ``compile_only``: see :meth:`compile_step`."""
         if self._autocast is not None:  # the whole call, graph mode's key included
             with modes.autocast_mode(self._autocast):
-                return self._run_step(fn, name, args, kwargs, graph)
-        return self._run_step(fn, name, args, kwargs, graph)
+                return self._run_step(fn, name, args, kwargs, graph, compile_only)
+        return self._run_step(fn, name, args, kwargs, graph, compile_only)
 
-    def _run_step(self, fn: Callable, name: str, args: tuple, kwargs: dict, graph: bool) -> Any:
+    def _run_step(self, fn: Callable, name: str, args: tuple, kwargs: dict, graph: bool,
+                  compile_only: bool = False) -> Any:
         replay.flush()  # every state Tensor holds an array when the step starts
         declared, static, optimizers = self._declared_state()
         if graph and spmd_of(static) is not None:  # DistOpt's step: the state goes on the mesh
@@ -224,24 +285,75 @@ class Model(Layer, metaclass=ModelMeta):
             # (asynchronously: nothing here waits for them)
             replay.flush()
             return result
+        runner = self._graph_runner
+        runner.spmd = spmd_of(static)  # a DistOpt's step runs as one SPMD program
+        if compile_only:
+            with self._transaction(declared, optimizers, arrays=False):
+                self._trace_step(fn, name, args, kwargs, compile_only=True)
+            self._settle_state_ahead(optimizers)
+            return None
         # Report the skipped updates of earlier steps whose report has reached the host
         # (nothing waits: see Optimizer._expect_skip_report)
         for optimizer in optimizers:
             optimizer._before_compiled_step()
-        runner = self._graph_runner
-        runner.spmd = spmd_of(static)  # a DistOpt's step runs as one SPMD program
         # A cached program runs no Python op code (no mode to set) and changes nothing unless it
         # runs to the end: only a call that traces needs the transaction.
         ran = runner.run_cached(name, args, kwargs, declared, self.training, static)
         if ran is NOT_CACHED:
             with self._transaction(declared, optimizers, arrays=False):
-                ran = runner.run(_checked(fn, optimizers), name, args, kwargs, declared,
-                                 self.training, static)
+                ran = self._trace_step(fn, name, args, kwargs)
+            self._settle_state_ahead(optimizers)
         result, failed, reports = ran
         for optimizer, report in zip(optimizers, reports):
             optimizer._expect_skip_report(report)
         checks.raise_first_failure(failed)  # the step applied nothing (see _checked)
         return result
+
+    def _trace_step(self, fn: Callable, name: str, args: tuple, kwargs: dict,
+                    compile_only: bool = False) -> Any:
+        """Trace the call in graph mode (inside its transaction) and run it -- or, with
+        ``compile_only``, only compile it. A training step's optimizer state is made first
+        (:meth:`_make_state_ahead`), so that the trace meets no new state: one trace, one XLA
+        compilation."""
+        provisional = self._make_state_ahead()
+        declared, static, optimizers = self._declared_state()  # with what was just made
+        runner = self._graph_runner
+        run = runner.prepare if compile_only else runner.run
+        try:
+            return run(_checked(fn, optimizers), name, args, kwargs, declared, self.training,
+                       static, provisional)
+        finally:
+            if provisional:
+                unused = runner.unused_provisional
+                for optimizer in _with_wrapped(optimizers):
+                    if isinstance(optimizer, opt.Optimizer):
+                        state_ahead.drop(optimizer, unused)
+
+    @staticmethod
+    def _settle_state_ahead(optimizers: List[Any]) -> None:
+        """After a traced call that did not fail: the state made ahead for it is the
+        optimizers' own now (see :mod:`.opt.state_ahead`)."""
+        for optimizer in _with_wrapped(optimizers):
+            if isinstance(optimizer, opt.Optimizer):
+                state_ahead.settle(optimizer)
+
+    def _make_state_ahead(self) -> List[Tensor]:
+        """Before graph mode first traces a training step: every optimizer's state for this
+        model's trainable parameters (step counter, guard state, slots, float16 loss scale),
+        made now rather than by the step's first update, so that the trace takes it as input.
+        Returns the Tensors made (those the step then does not use are dropped again). A
+        DistOpt's SPMD step places its state on the mesh itself and is left as it is."""
+        if not self.training:
+            return []
+        _, static, optimizers = self._declared_state()
+        if spmd_of(static) is not None:
+            return []
+        params = [p for p in self.get_params().values() if p.stores_grad]
+        made: List[Tensor] = []
+        for optimizer in _with_wrapped(optimizers):
+            if isinstance(optimizer, opt.Optimizer):
+                made += state_ahead.make(optimizer, params)
+        return made
 
     @contextlib.contextmanager
     def _transaction(self, declared: Sequence[Tensor], optimizers: List[Any], arrays: bool
@@ -305,9 +417,13 @@ class Model(Layer, metaclass=ModelMeta):
         optimizers = self._optimizers() if self.training else []
         for optimizer in optimizers:
             # the Tensors an optimizer may REPLACE (slots, step counter; set_states makes new
-            # ones) must be declared so that a replacement retraces; the ones it only rebinds
-            # (lr_value, ...) are found by the first, recorded call
+            # ones) must be declared so that a replacement retraces; those it only rebinds
+            # (the guard state, lr_value, ...) are declared too, so that the first trace takes
+            # them as inputs (found by the trace instead, they would make it trace again)
             declared += tensors_in(optimizer.get_states())
+            for inner in _with_wrapped([optimizer]):
+                if isinstance(inner, opt.Optimizer):
+                    declared += inner._rebound_state()
         static = tuple(o._static_key() for o in optimizers)
         opt_versions = [(o, o.states_version) for o in optimizers]
         # stored without __setattr__, which would bump the structure version
@@ -363,10 +479,13 @@ def _initialize(model: "Model", inputs: Sequence[Tensor]) -> None:
     """Run ``forward`` on the placeholders to create every parameter, as SINGA's compile() does.
 
     The forward is traced on shapes only (``jax.eval_shape``: no kernel of it is compiled or
-    run) while each layer it initialises computes its parameters concretely, drawing from the
-    device keys in the same order as an eager forward, so the values are the same for a seed.
-    A forward that needs its inputs' values, or that leaves a traced value in the model, runs
-    eagerly instead, from the same keys."""
+    run) while each layer it initialises computes its parameters concretely
+    (``modes.compile_time_eval``), drawing from the device keys in the same order as an eager
+    forward, so the values are the same for a seed. There, on every backend, fills are made by
+    NumPy, key splits and chunk keys by :mod:`.host_prng` and random chunks are cut to shape by
+    NumPy: the only XLA program is the shared random draw (one per kind and dtype, compiled by
+    a process's first compile()). A forward that needs its inputs' values, or that leaves a
+    traced value in the model, runs eagerly instead, from the same keys."""
     devices = device_mod.all_devices()
     keys = [d.key for d in devices]
 

@@ -15,7 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import host_prng
 from .dtypes import float32, float64
+from .modes import in_compile_time_eval
 
 __all__ = ["SAMPLE_KINDS", "check_params", "draw"]
 
@@ -75,19 +77,23 @@ def _draw(key: jax.Array, params: Tuple[float, ...], kind: str, shape: Tuple[int
     the size), which costs far more than drawing: samples are therefore always drawn in chunks
     of ``_DRAW_CHUNK`` by ONE compiled program per kind and dtype (chunk i from
     ``fold_in(key, i)``), concatenated and cut to size — a prefix of i.i.d. samples is i.i.d.
-    Concrete samples on a CPU are concatenated and cut by NumPy: each jnp concatenate, slice and
+    Concrete samples on a CPU -- and on any device in ``Model.compile()``'s initialisation
+    (:func:`modes.compile_time_eval`), whose chunk keys are folded on the host too
+    (:mod:`.host_prng`) -- are concatenated and cut by NumPy: each jnp concatenate, slice and
     reshape of a new shape would compile a program too (0.5 s of a ResNet-50's compile()).
     """
     size = math.prod(shape)
     # float32 samples for every dtype but float64 (converted after), so dtypes share programs
     sample_dtype = float64 if dtype == float64 else float32
     chunks = max(1, -(-size // _DRAW_CHUNK))
-    keys = [key] if chunks == 1 else [jax.random.fold_in(key, i) for i in range(chunks)]
+    on_host = in_compile_time_eval() and host_prng.supported(key)
+    fold_in = host_prng.fold_in if on_host else jax.random.fold_in
+    keys = [key] if chunks == 1 else [fold_in(key, i) for i in range(chunks)]
     parts = [_draw_flat(k, params, kind=kind, count=_DRAW_CHUNK, dtype=sample_dtype)
              for k in keys]
     if not isinstance(parts[0], jax.core.Tracer):
         (where,) = parts[0].devices()
-        if where.platform == "cpu":
+        if where.platform == "cpu" or on_host:
             flat = np.concatenate([np.asarray(p) for p in parts])
             return jax.device_put(flat[:size].reshape(shape).astype(dtype), where)
     flat = parts[0] if chunks == 1 else jnp.concatenate(parts)

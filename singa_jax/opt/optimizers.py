@@ -668,6 +668,14 @@ class Optimizer:
                 f"behaviour)", NonFiniteStepWarning, stacklevel=_caller_outside_singa_jax())
         self.__dict__["_skips_reported"] = count  # a reset counter restarts the tally
 
+    def _rebound_state(self) -> List[Tensor]:
+        """The Tensors besides :meth:`get_states` that an update or :meth:`step` rebinds (the
+        guard state, the ``*_value`` tensors of the hyper-parameters): graph mode declares
+        them as a step's state."""
+        made = [] if self.__dict__.get("_lazy_state") else self._value_tensors()
+        skip = self.__dict__.get("_skip_state")
+        return made + ([skip] if skip is not None else [])
+
     def _get_slot(self, kind: str, key: str, p: Tensor) -> Tensor:
         d = self._slot_dict(kind)
         t = d.get(key)
