@@ -15,8 +15,11 @@ Each part runs in a process of its own, its output (stdout and stderr) written t
   ``--quick``: 2 epochs, the second one free of compilation): final test accuracy and
   the last epoch's images/s;
 * ``bench`` -- ``benchmarks/bench_train_step.py --rounds 1`` (graph mode, eager, a hand-written
-  ``jax.jit`` step and PyTorch; ``--quick``: 30 steps per variant) and
-  ``benchmarks/bench_ops.py`` (100 repetitions; ``--quick``: 30): their summary lines.
+  ``jax.jit`` step and PyTorch; ``--quick``: 30 steps per variant),
+  ``benchmarks/bench_ops.py`` (100 repetitions; ``--quick``: 30) and
+  ``benchmarks/bench_mixed_precision.py`` (ResNet-50, batch 64, float32 and bfloat16: singa_jax
+  graph mode under autocast, the hand-written step, PyTorch; ``--quick`` or on a CPU: a small
+  ResNet-18 run): their summary lines.
 
 The device is the default JAX backend's, as ``jax.devices()`` names it. A part that fails, times
 out or cannot start is reported as such with the tail of its log; the script itself does not
@@ -216,6 +219,17 @@ def parse_ops(text: str) -> Dict[str, object]:
     return {"cases": rows, "summary": summary}
 
 
+_MIXED = re.compile(r"^(\w+): singa graph / jax.jit speed = ([\d.]+)")
+
+
+def parse_mixed_precision(text: str) -> Dict[str, object]:
+    """bench_mixed_precision.py: per dtype, singa_jax's speed over the hand-written step's, and
+    its median lines."""
+    ratios = {m.group(1): float(m.group(2)) for m in map(_MIXED.match, _lines(text)) if m}
+    summary = [line for line in _lines(text) if " median " in line or _MIXED.match(line)]
+    return {"vs_jax": ratios, "summary": summary}
+
+
 def _ms(value: float) -> str:
     """Milliseconds with about three significant digits, never in e-notation."""
     return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
@@ -319,6 +333,19 @@ def check_ops(out: str, timeout: float, quick: bool) -> Result:
     return _finish(result, code, seconds, text, ok=bool(cases))
 
 
+def check_mixed_precision(out: str, timeout: float, small: bool) -> Result:
+    result = Result("bench mixed", log=os.path.join(out, "bench_mixed_precision.log"))
+    argv = [sys.executable, os.path.join("benchmarks", "bench_mixed_precision.py")]
+    argv += ["--depth", "18", "--batch", "4", "--size", "64", "--steps", "10",
+             "--rounds", "1"] if small else []
+    code, seconds, text = run_child(argv, result.log, timeout)
+    found = parse_mixed_precision(text)
+    result.numbers = found
+    for dtype, ratio in found["vs_jax"].items():
+        result.lines.append(f"{dtype}: singa graph / jax.jit speed {ratio:.3f}")
+    return _finish(result, code, seconds, text, ok=bool(found["vs_jax"]))
+
+
 def device_name(info: Optional[Result], timeout: float) -> str:
     """The default backend's devices, from the info part's report, else a small probe."""
     backend, kinds = None, []
@@ -415,7 +442,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "tests": lambda: [check_tests(out, limit("tests"), pytest_args)],
         "main": lambda: [check_main(out, limit("main"), args.quick, shlex.split(args.main_args))],
         "bench": lambda: [check_train_step(out, limit("bench"), args.quick),
-                          check_ops(out, limit("bench"), args.quick)],
+                          check_ops(out, limit("bench"), args.quick),
+                          check_mixed_precision(out, limit("bench"), args.quick or (
+                              info is not None and info.numbers.get("backend") == "cpu"))],
     }
     for part in PARTS:  # in this order whatever --parts says: the info first
         if part not in args.parts:

@@ -108,6 +108,14 @@ def test_parsers_read_the_children_output():
                "     4.0x\n")
     assert check.parse_ops(ops_out)["cases"] == {"matmul + relu + sum": [80.0, 20.0, 60.0, 4.0]}
 
+    mixed_out = ("singa graph bfloat16             median     17.40 ms/step     3678.2 img/s\n"
+                 "float32: singa graph / jax.jit speed = 1.012   singa graph / torch "
+                 "channels_last speed = 1.055\n"
+                 "bfloat16: singa graph / jax.jit speed = 0.981\n")
+    found = check.parse_mixed_precision(mixed_out)
+    assert found["vs_jax"] == {"float32": 1.012, "bfloat16": 0.981}
+    assert len(found["summary"]) == 3
+
     info_out = ("  jax:             0.10.2\n  default backend: gpu\n"
                 "  gpu:0:           kind NVIDIA H100 80GB HBM3, compute capability 9.0\n"
                 "  cpu:0:           kind cpu\n  gpu arithmetic:  tensorfloat32\n")
