@@ -10,6 +10,7 @@ program); ``--cache both`` reports both; ``--cache off`` disables the cache
 
     python benchmarks/bench_compile.py [--models resnet50,xception] [--batch 8] [--cache both]
                                        [--torch 5] [--repeat 3] [--no-reference]
+                                       [--steps 20] [--tiers both]
 
 For the ResNets (18, 50) the reference is a hand-written ``jax.jit`` step of the same network
 (benchmarks/resnet_jax.py: JAX's default compile options, parameters from NumPy) whose FIRST
@@ -19,6 +20,15 @@ right after singa_jax's cold run; "ratio" is singa_jax's ``compile()`` + first c
 the ratios of each pair and their median). Times are wall-clock seconds; "cpu" is the
 process's CPU time (all its threads), steadier than wall time when other work shares the
 machine.
+
+``--steps N`` also times the calls up to the N-th (``to N``: from ``compile()``'s start to the
+end of call N; the reference's from its first call's start) -- what a slower first call or a
+background compile costs a training loop. ``--tiers on|off|both`` runs singa_jax with tiered
+compilation of the step (singa_jax/graph_tiers.py: the first call runs a quickly compiled
+program while the optimised one compiles in the background; ``SINGA_JAX_TIERED_COMPILE``),
+without, or both, alternating (``both``: the ratios of each). ``--baseline DIR`` adds, in the
+same turns, a run of another checkout's singa_jax (its folder put first on ``PYTHONPATH``, e.g.
+``git archive HEAD | tar -x -C DIR``): before against after on one loaded machine.
 
 ``--torch N`` also times N steps of PyTorch's eager ResNet of the same layers (SGD with
 momentum, batch ``--batch``), in its own process, after one warm-up step: the steady step
@@ -43,8 +53,9 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("cnn", "alexnet", "resnet18", "resnet50", "resnet101", "xception")
 
 
-def _child(name: str, batch: int) -> None:
-    """Build, compile and run two steps of one model; print one JSON line of timings."""
+def _child(name: str, batch: int, steps: int) -> None:
+    """Build, compile and run ``steps`` (>= 2) steps of one model; print one JSON line of
+    timings."""
     start = time.perf_counter()
     sys.path[:0] = [os.path.join(_ROOT, "examples", "cnn"), os.path.join(_ROOT, "examples")]
     import numpy as np
@@ -79,11 +90,18 @@ def _child(name: str, batch: int) -> None:
     net(x, y)
     wait_all()
     t3 = time.perf_counter()
+    for _ in range(steps - 2):
+        net(x, y)
+    wait_all()
+    t4, c4 = time.perf_counter(), time.process_time()
     runner = net._graph_runner
     print(json.dumps({"model": name, "import": imported - start, "compile": t1 - t0,
                       "first": t2 - t1, "second": t3 - t2, "compile_cpu": c1 - c0,
-                      "first_cpu": c2 - c1, "traces": runner.trace_count,
-                      "compiles": runner.compile_count, "programs": len(runner.programs)}))
+                      "first_cpu": c2 - c1, "to_n": t4 - t0, "to_n_cpu": c4 - c0,
+                      "steps": max(steps, 2), "traces": runner.trace_count,
+                      "compiles": runner.compile_count,
+                      "tiered": getattr(runner, "tiered_count", 0),
+                      "programs": len(runner.programs)}))
 
 
 def _torch_child(name: str, batch: int, steps: int) -> None:
@@ -150,43 +168,61 @@ def _torch_steps(name: str, batch: int, steps: int) -> list:
 REFERENCE_DEPTHS = {"resnet18": 18, "resnet50": 50}
 
 
-def _reference(name: str, batch: int) -> dict:
-    """The hand-written step's first call in a fresh process with a new, empty cache."""
+def _reference(name: str, batch: int, steps: int) -> dict:
+    """The hand-written step's first call (and calls up to ``steps``) in a fresh process with
+    a new, empty cache."""
     with tempfile.TemporaryDirectory(prefix="jax_xla_") as folder:
         env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=folder,
                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
         out = subprocess.run([sys.executable, os.path.join(os.path.dirname(
             os.path.abspath(__file__)), "resnet_jax.py"), "--first-call", "--depth",
-            str(REFERENCE_DEPTHS[name]), "--batch", str(batch)], env=env, capture_output=True,
+            str(REFERENCE_DEPTHS[name]), "--batch", str(batch), "--steps", str(steps)],
+            env=env, capture_output=True,
             text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"resnet_jax {name} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _run(name: str, batch: int, cache_dir: str) -> dict:
+def _run(name: str, batch: int, cache_dir: str, steps: int, tiers: Optional[str],
+         baseline: Optional[str] = None) -> dict:
     env = dict(os.environ)
     env["SINGA_JAX_COMPILATION_CACHE"] = cache_dir
+    if tiers == "baseline":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [baseline, env.get("PYTHONPATH")]))
+    elif tiers is not None:
+        env["SINGA_JAX_TIERED_COMPILE"] = "1" if tiers == "on" else "0"
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name,
-                          "--batch", str(batch)], env=env, capture_output=True, text=True,
-                         check=False)
+                          "--batch", str(batch), "--steps", str(steps)], env=env,
+                         capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _report(tag: str, r: dict, ref: Optional[dict] = None) -> None:
-    line = (f"{r['model']:10s} {tag:5s} compile() {r['compile']:6.2f}s  first call "
+    line = (f"{r['model']:10s} {tag:8s} compile() {r['compile']:6.2f}s  first call "
             f"{r['first']:6.2f}s  compile+first {r['compile'] + r['first']:6.2f}s "
             f"(cpu {r['compile_cpu'] + r['first_cpu']:6.2f}s)  second call "
-            f"{r['second']:6.3f}s  traces {r['traces']} compiles {r['compiles']} "
+            f"{r['second']:6.3f}s  to {r['steps']} {r['to_n']:6.2f}s (cpu {r['to_n_cpu']:6.2f}s)"
+            f"  traces {r['traces']} compiles {r['compiles']} tiered {r['tiered']} "
             f"programs {r['programs']}")
     if ref is not None:
-        line += (f"\n{r['model']:10s} jax.jit first call {ref['first']:6.2f}s "
-                 f"(cpu {ref['first_cpu']:6.2f}s)  second call {ref['second']:6.3f}s  ratio "
-                 f"{(r['compile'] + r['first']) / ref['first']:.2f} (cpu "
-                 f"{(r['compile_cpu'] + r['first_cpu']) / ref['first_cpu']:.2f})")
+        line += (f"  ratio first {(r['compile'] + r['first']) / ref['first']:.2f} (cpu "
+                 f"{(r['compile_cpu'] + r['first_cpu']) / ref['first_cpu']:.2f}), to "
+                 f"{r['steps']} {r['to_n'] / ref['to_n']:.2f}")
     print(line, flush=True)
+
+
+def _report_reference(name: str, ref: dict) -> None:
+    print(f"{name:10s} jax.jit  first call {ref['first']:6.2f}s (cpu {ref['first_cpu']:6.2f}s)  "
+          f"second call {ref['second']:6.3f}s  to {ref['steps']} {ref['to_n']:6.2f}s",
+          flush=True)
+
+
+def _tag(cache: str, tiers: Optional[str]) -> str:
+    names = {"on": "tiered", "off": "once", "baseline": "before"}
+    return cache if tiers is None else f"{cache} {names[tiers]}"
 
 
 def main() -> None:
@@ -200,11 +236,18 @@ def main() -> None:
                     help="run each model N times (with its reference, alternating)")
     ap.add_argument("--no-reference", action="store_true",
                     help="skip the hand-written jax.jit first call")
+    ap.add_argument("--steps", type=int, default=2, metavar="N",
+                    help="also time the calls up to the N-th (to N)")
+    ap.add_argument("--tiers", choices=("on", "off", "both", "default"), default="default",
+                    help="tiered compilation of the step: on, off, both (alternating) or as "
+                         "the environment says")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="also run the singa_jax of this checkout (before/after)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--torch-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        _child(args.child, args.batch)
+        _child(args.child, args.batch, args.steps)
         return
     if args.torch_child:
         _torch_child(args.torch_child, args.batch, args.torch)
@@ -214,28 +257,40 @@ def main() -> None:
         name = name.strip()
         if name not in MODELS:
             raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
-        ratios = []
+        variants = {"both": ["on", "off"], "default": [None]}.get(args.tiers, [args.tiers])
+        if args.baseline:
+            variants.append("baseline")
+        ratios: dict = {v: [] for v in variants}
         for _ in range(args.repeat):
             with_ref = not args.no_reference and name in REFERENCE_DEPTHS and \
                 args.cache in ("cold", "both")
             if args.cache == "off":
-                _report("off", _run(name, args.batch, "0"))
+                for v in variants:
+                    _report(_tag("off", v),
+                            _run(name, args.batch, "0", args.steps, v, args.baseline))
                 continue
-            with tempfile.TemporaryDirectory(prefix="singa_jax_xla_") as folder:
-                cold = _run(name, args.batch, folder)
-                ref = _reference(name, args.batch) if with_ref else None
-                if args.cache in ("cold", "both"):
-                    _report("cold", cold, ref)
-                if ref is not None:
-                    ratios.append(((cold["compile"] + cold["first"]) / ref["first"],
-                                   (cold["compile_cpu"] + cold["first_cpu"]) / ref["first_cpu"]))
-                if args.cache in ("warm", "both"):
-                    _report("warm", _run(name, args.batch, folder))
-        if len(ratios) > 1:
-            print(f"{name:10s} first step / jax.jit's first call: median "
-                  f"{statistics.median(r[0] for r in ratios):.2f} wall, "
-                  f"{statistics.median(r[1] for r in ratios):.2f} cpu "
-                  f"({len(ratios)} pairs)", flush=True)
+            ref = _reference(name, args.batch, args.steps) if with_ref else None
+            if ref is not None:
+                _report_reference(name, ref)
+            for v in variants:
+                with tempfile.TemporaryDirectory(prefix="singa_jax_xla_") as folder:
+                    cold = _run(name, args.batch, folder, args.steps, v, args.baseline)
+                    if args.cache in ("cold", "both"):
+                        _report(_tag("cold", v), cold, ref)
+                    if ref is not None:
+                        ratios[v].append((
+                            (cold["compile"] + cold["first"]) / ref["first"],
+                            (cold["compile_cpu"] + cold["first_cpu"]) / ref["first_cpu"],
+                            cold["to_n"] / ref["to_n"]))
+                    if args.cache in ("warm", "both"):
+                        _report(_tag("warm", v), _run(name, args.batch, folder, args.steps, v,
+                                                      args.baseline))
+        for v, rs in ratios.items():
+            if len(rs) > 1:
+                print(f"{name:10s} {_tag('', v).strip():8s} first step / jax.jit's first call: "
+                      f"median {statistics.median(r[0] for r in rs):.2f} wall, "
+                      f"{statistics.median(r[1] for r in rs):.2f} cpu; to {args.steps}: "
+                      f"{statistics.median(r[2] for r in rs):.2f} ({len(rs)} runs)", flush=True)
         if args.torch and name in ("resnet50", "resnet101"):
             steps = _torch_steps(name, args.batch, args.torch)
             if steps:

@@ -15,11 +15,15 @@ Every timed step waits for ALL of its results (loss, parameters, buffers, optimi
 evaluation forward waits for its output. Variants take turns in blocks; PyTorch runs in its own
 process, alternating with the JAX blocks. Medians are printed with the ratios.
 
-``--gc-freeze`` moves every object alive after the warm-up out of reach of Python's cyclic
-garbage collector (``gc.freeze()``, a lever of the user's program, never taken by singa_jax):
-its full collections otherwise traverse JAX's own objects too, every few steps (see
-docs/performance.md, "Eager: one pass per call"). ``--torch-threads`` sets PyTorch's
-intra-op threads (default: PyTorch's own choice). Usage::
+singa_jax tunes Python's garbage collector at the first eager backward (a higher young
+threshold: singa_jax/gc_tuning.py); run with ``SINGA_JAX_GC_TUNING=0`` to time without it.
+``--gc-freeze`` also moves every object alive after the warm-up out of the collector's reach
+(``gc.freeze()``, a lever of the user's program): without either, its full collections
+traverse JAX's own objects too, every few steps (see docs/performance.md, "Eager: the garbage
+collector"). Medians and means are printed (a
+median skips the full collections). An eager training step becomes one replayed program at
+about its sixth call, so every variant is warmed up ``WARMUP`` calls. ``--torch-threads``
+sets PyTorch's intra-op threads (default: PyTorch's own choice). Usage::
 
     python benchmarks/bench_eager.py [--nets deep,resnet50] [--steps 30] [--rounds 3]
         [--batch 64] [--depth 100] [--gc-freeze] [--torch-threads N]
@@ -39,9 +43,10 @@ from typing import Callable, Dict, List
 import jax
 import numpy as np
 
-from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax import autograd, device, gc_tuning, layer, model, opt, tensor
 
 LR, MOMENTUM = 0.05, 0.9
+WARMUP = 8  # calls of each variant before timing
 _EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
@@ -219,8 +224,11 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
     for fn in variants.values():
         fn()
     held["eager"], held["graph"] = _state(eager), _state(graph)  # now with the slots
+    # an eager training step becomes one program at its third call or so (a sequence runs op
+    # by op once and is compiled at its second occurrence; a backward walk's plan fuses from
+    # its second walk on, and joins the step's program from then)
     for fn in variants.values():
-        for _ in range(2):
+        for _ in range(WARMUP):
             fn()
     if gc_freeze:
         gc.collect()
@@ -239,11 +247,14 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
     if torch_t["train"]:
         times["torch train"], times["torch eval"] = torch_t["train"], torch_t["eval"]
     med = {k: statistics.median(v) for k, v in times.items()}
+    mean = {k: statistics.fmean(v) for k, v in times.items()}
     dev = jax.devices()[0]
     print(f"[{net_kind}] {dev.platform} ({dev.device_kind}); {n_ops} operators per forward"
-          f"{'; gc.freeze() after the warm-up' if gc_freeze else ''}")
+          f"{'; gc.freeze() after the warm-up' if gc_freeze else ''}; singa_jax's GC tuning "
+          f"{'on' if gc_tuning.tuned() else 'off'}; load average {os.getloadavg()[0]:.1f}")
     for k, v in med.items():
-        print(f"[{net_kind}] {k:12s} median {v * 1e3:9.3f} ms")
+        # (the mean includes Python's full garbage collections, which a median skips)
+        print(f"[{net_kind}] {k:12s} median {v * 1e3:9.3f} ms   mean {mean[k] * 1e3:9.3f} ms")
     print(f"[{net_kind}] host time per operator, eval forward: eager (replay) "
           f"{med['eager eval'] / n_ops * 1e6:.1f} us, op by op "
           f"{med['op-by-op eval'] / n_ops * 1e6:.1f} us")

@@ -21,12 +21,14 @@ the mixed-precision comparison.
 
     python benchmarks/resnet_jax.py --check [--depth 18] [--batch 2]
     python benchmarks/resnet_jax.py --first-call [--depth 18] [--batch 2] [--dtype bfloat16]
+                                    [--steps 20]
 
 ``--check`` runs one step here and one in singa_jax's graph mode from the same parameters and
 batch and compares the loss, every parameter, running statistic and momentum buffer (1e-4 on
 CPU). ``--first-call`` prints one JSON line: the hand-written step's first call (trace, XLA
-compile, run) and second call, in this process (benchmarks/bench_compile.py runs it in a fresh
-process with a cold compilation cache).
+compile, run) and second call, in this process, and with ``--steps N`` the time from the first
+call's start to the end of call N (benchmarks/bench_compile.py runs it in a fresh process with a
+cold compilation cache).
 """
 from __future__ import annotations
 
@@ -304,9 +306,10 @@ def check(depth: int, batch: int, tol: float = 1e-4, grad_tol: float = 2e-3) -> 
     return worst[False]
 
 
-def first_call(depth: int, batch: int, dtype: str, options: Optional[Dict[str, Any]] = None
-               ) -> Dict[str, float]:
-    """Time the step's first call (trace, compile, run) and second call from NumPy state; with
+def first_call(depth: int, batch: int, dtype: str, options: Optional[Dict[str, Any]] = None,
+               steps: int = 2) -> Dict[str, float]:
+    """Time the step's first call (trace, compile, run) and second call from NumPy state, and
+    ``to_n``: from the first call's start to the end of call ``steps`` (>= 2); with
     ``options``, the first call includes lowering and compiling with them (CPU)."""
     import jax
     import jax.numpy as jnp
@@ -327,8 +330,13 @@ def first_call(depth: int, batch: int, dtype: str, options: Optional[Dict[str, A
     *state, loss = step(*state, xs, ys)
     jax.block_until_ready((state, loss))
     t2 = time.perf_counter()
+    for _ in range(steps - 2):
+        *state, loss = step(*state, xs, ys)
+    jax.block_until_ready((state, loss))
+    t3 = time.perf_counter()
     return {"model": f"resnet{depth}", "first": t1 - t0, "first_cpu": c1 - c0,
-            "second": t2 - t1, "loss": float(jnp.asarray(loss))}
+            "second": t2 - t1, "to_n": t3 - t0, "steps": max(steps, 2),
+            "loss": float(jnp.asarray(loss))}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -336,6 +344,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--depth", type=int, choices=sorted(CONFIGS), default=18)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--steps", type=int, default=2,
+                    help="--first-call: also time the calls up to this one (to_n)")
     ap.add_argument("--no-ynn", action="store_true",
                     help="--first-call: compile without XLA:CPU's YNNPACK convolution fusions, "
                          "as singa_jax does")
@@ -349,7 +359,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         check(args.depth, args.batch)
     else:
         print(json.dumps(first_call(args.depth, args.batch, args.dtype,
-                                    NO_YNN_CONVOLUTIONS if args.no_ynn else None)))
+                                    NO_YNN_CONVOLUTIONS if args.no_ynn else None,
+                                    steps=args.steps)))
 
 
 if __name__ == "__main__":

@@ -60,7 +60,6 @@ from __future__ import annotations
 import contextlib
 import operator
 import time
-import types
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -70,11 +69,12 @@ from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Sequ
 import jax
 import numpy as np
 
-from . import checks
+from . import checks, graph_tiers
 from . import device as device_mod
 from .autograd.engine import Dummy
 from .graph_layout import (Layout, StepLowering, avals_of, birth_values, buffer_id,
-                           build_result, copy_shared, rebuild_leaves, result_outputs, unalias)
+                           build_result, copy_shared, rebuild_leaves, result_outputs,
+                           tensors_in, unalias)
 from .xla_options import compile_options, platform_of
 from .precision import float32_matmul_precision
 from .modes import TraceHook, autocast_dtype, current_trace_hook, trace_hook
@@ -84,7 +84,10 @@ from .tensor import Tensor
 # so a test can watch what a step donates)
 _unalias, _buffer_id, _copy_shared = unalias, buffer_id, copy_shared
 
-__all__ = ["GraphRunner", "GraphModeError", "ProgramNotKept", "tensors_in", "NOT_CACHED"]
+__all__ = ["GraphRunner", "GraphModeError", "ProgramNotKept", "tensors_in", "NOT_CACHED",
+           "tiered_compilation"]
+
+tiered_compilation = graph_tiers.tiered_compilation
 
 # Errors JAX raises when Python code asks for the concrete value of a traced array.
 _CONCRETE_VALUE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
@@ -114,37 +117,6 @@ class ProgramNotKept(Exception):
 
 def _is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
-
-
-def tensors_in(obj: Any) -> List[Tensor]:
-    """Every Tensor reachable from ``obj`` through dicts, lists, tuples and objects' attributes
-    (how graph mode finds an optimizer's state: slots, step counter, schedule values)."""
-    if isinstance(obj, dict):  # fast path: a flat {name: Tensor} dict (Optimizer.get_states)
-        values = list(obj.values())
-        if all(type(v) is Tensor for v in values):
-            return values
-    seen: set = set()
-    found: List[Tensor] = []
-    stack = [obj]
-    while stack:
-        cur = stack.pop()
-        if id(cur) in seen or isinstance(cur, _OPAQUE):
-            continue
-        seen.add(id(cur))
-        if isinstance(cur, Tensor):
-            found.append(cur)
-        elif isinstance(cur, dict):
-            stack.extend(reversed(list(cur.values())))
-        elif isinstance(cur, (list, tuple)):
-            stack.extend(reversed(cur))
-        elif hasattr(cur, "__dict__"):
-            stack.extend(reversed(list(vars(cur).values())))
-    return found
-
-
-# Objects whose attributes hold no model state worth walking into.
-_OPAQUE = (type, types.FunctionType, types.MethodType, types.ModuleType, device_mod.Device,
-           jax.Array, np.ndarray, str, bytes)
 
 
 # --- the trace hook -------------------------------------------------------------------------
@@ -274,6 +246,9 @@ class _Program:
     state_ids: frozenset = frozenset()  # ids of the state Tensors it was traced over
     checked: bool = False            # outputs verified free of tracers (first run)
     input_checks: tuple = ()         # (batch position, check): run on the host before a run
+    # the optimised program compiling in the background while ``compiled`` is the quick one
+    # (graph_tiers); None once it serves the step, or for a step compiled once
+    pending: Optional[graph_tiers.Pending] = None
 
 
 class GraphRunner:
@@ -290,6 +265,7 @@ class GraphRunner:
         self._discovered: List[weakref.ref] = []  # state found by the recorder (weakly held)
         self.trace_count = 0
         self.compile_count = 0  # XLA compilations of whole steps (one per signature, normally)
+        self.tiered_count = 0  # of them, steps compiled in two tiers (graph_tiers): 2 each
         self.last_compile_seconds = 0.0
         self.last_compile_options: Dict[str, Any] = {}  # XLA options of the last compile
         self._declared_ids: Tuple[Any, Tuple[int, ...]] = (None, ())
@@ -339,8 +315,12 @@ class GraphRunner:
         ``Model.compile_step``)."""
         self._unused_provisional = []
         key = self._call_key(name, args, kwargs, declared_state, training, static)[3]
-        if key in self.programs or (self.programs and self._rekeyed(
-                key, self._state_list(declared_state)) is not None):
+        prog = self.programs.get(key)
+        if prog is None and self.programs:
+            prog = self._rekeyed(key, self._state_list(declared_state))
+        if prog is not None:
+            if prog.pending is not None:  # compiled in tiers: the optimised program, now
+                self._take_optimised(prog, block=True)
             return
         self._trace_and_keep(fn, name, args, kwargs, declared_state, training, static,
                              provisional, dry=True)
@@ -383,6 +363,7 @@ class GraphRunner:
             return NOT_CACHED
         result = self._execute(prog, arrays)
         if result is _INPUTS_CHANGED:
+            self._dropped([prog])
             self.programs.pop(key, None)
             self._last = (None, None)
             return NOT_CACHED
@@ -413,7 +394,7 @@ class GraphRunner:
             # likely dead: keep only the newest few, and drop the references the others hold
             same_call = [k for k in self.programs if k[:4] == key[:4]]
             for old in same_call[:max(0, len(same_call) - _PROGRAMS_PER_CALL + 1)]:
-                del self.programs[old]
+                self._dropped([self.programs.pop(old)])
             self._last = (None, None)
             self.programs[key] = prog
         else:
@@ -484,6 +465,7 @@ class GraphRunner:
         new = [t for t in tensors if id(t) not in known]
         if new:
             self._discovered.extend(weakref.ref(t) for t in new)
+            self._dropped(list(self.programs.values()))
             self.programs.clear()  # none of them takes the new state as input
             self._last = (None, None)
 
@@ -565,8 +547,9 @@ class GraphRunner:
             if births is None:
                 layout = Layout(closed, record["rewritten"], len(state), len(devices),
                                 len(record["extra"]), len(alive) if with_births else 0)
-                compiled = self._compile(layout, spmd, [*originals, *original_keys],
-                                         batch_arrays, one_off=bool(new_state), where=where)
+                compiled, pending = self._compile(layout, spmd, [*originals, *original_keys],
+                                                  batch_arrays, one_off=bool(new_state),
+                                                  where=where, ahead=dry)
         except _CONCRETE_VALUE_ERRORS as e:
             self._undo_trace(state, originals, devices, original_keys, recorder)
             raise GraphModeError(
@@ -605,16 +588,22 @@ class GraphRunner:
                         written_devices=written_devices, extra_out=record["extra"],
                         result_tree=record["tree"], result_kinds=record["kinds"],
                         cacheable=not new_state, where=where,
-                        state_ids=frozenset(state_ids), input_checks=record["input_checks"])
+                        state_ids=frozenset(state_ids), input_checks=record["input_checks"],
+                        pending=pending)
 
     def _compile(self, layout: Layout, spmd: Any, holders: list, batch_arrays: list,
-                 one_off: bool, where: str) -> Any:
+                 one_off: bool, where: str, ahead: bool = False
+                 ) -> Tuple[Any, Optional[graph_tiers.Pending]]:
         """Compile the trimmed program with this backend's options (:mod:`.xla_options`), and
-        remember what lowering it again needs (:meth:`export`)."""
+        remember what lowering it again needs (:meth:`export`). A step about to run (not
+        ``ahead`` of its first call), kept and not SPMD, may be compiled in two tiers
+        (:mod:`.graph_tiers`): then the program returned is the quick one and the second value
+        the optimised one compiling in the background (else None)."""
         self.compile_count += 1
         donated_arrays = [holders[i] for i in layout.donated]
         read_arrays = [holders[i] for i in layout.read]
         platform = platform_of(holders + batch_arrays)
+        pending = None
 
         def options_for(lowered: Any) -> Optional[dict]:
             self.last_compile_options = compile_options(platform, one_off, program=lowered)
@@ -625,14 +614,55 @@ class GraphRunner:
             if spmd is None:
                 lowered = jax.jit(layout.program, donate_argnums=0).lower(
                     donated_arrays, read_arrays, batch_arrays)
-                compiled = lowered.compile(options_for(lowered))
+                options = compile_options(platform, one_off, program=lowered)
+                tiers = None if one_off else graph_tiers.plan(lowered, layout.closed, platform,
+                                                              options, ahead=ahead)
+                if tiers is not None and tiers.quick is not None:
+                    self.last_compile_options = tiers.quick
+                    compiled = tiers.compile_quick(lowered)
+                    pending = tiers.start(lowered, where)
+                    self.compile_count += 1
+                    self.tiered_count += 1
+                else:
+                    self.last_compile_options = options
+                    compiled = lowered.compile(options or None)
+                    if tiers is not None:
+                        tiers.compiled()
             else:
                 compiled = spmd.compile(layout.program, donated_arrays, read_arrays,
                                         batch_arrays, options_for, layout.donated, layout.read)
         self._lowerings[where] = StepLowering.of(layout.program if spmd is None else None,
                                                  where, donated_arrays, read_arrays,
                                                  batch_arrays)
-        return compiled
+        return compiled, pending
+
+    def _take_optimised(self, prog: _Program, block: bool) -> None:
+        """Let ``prog`` run its optimised program from now on, if it is ready (``block``: wait
+        for it). A failed optimised compilation leaves the quick program (warned)."""
+        pending = prog.pending
+        if not (block or pending.ready()):
+            return
+        prog.pending = None
+        compiled = pending.result()
+        if compiled is not None:
+            prog.compiled = compiled
+            self.last_compile_options = pending.options
+
+    def finish_compiling(self) -> None:
+        """Wait until every step of this runner compiling in the background (tiered
+        compilation, :mod:`.graph_tiers`) is compiled; each call from then on runs its
+        optimised program."""
+        for prog in list(self.programs.values()):
+            if prog.pending is not None:
+                self._take_optimised(prog, block=True)
+
+    @staticmethod
+    def _dropped(programs: Sequence[_Program]) -> None:
+        """Programs no call will run again: their optimised compilations, if not started, are
+        not needed."""
+        for prog in programs:
+            if prog.pending is not None:
+                prog.pending.cancel()
 
     @staticmethod
     def _undo_trace(state, originals, devices, original_keys, recorder: _Recorder) -> None:
@@ -644,6 +674,8 @@ class GraphRunner:
 
     # -- running -----------------------------------------------------------------------------
     def _execute(self, prog: _Program, batch: list) -> Any:
+        if prog.pending is not None and prog.checked:  # the first run is the quick program's
+            self._take_optimised(prog, block=prog.pending.wait)
         checks.run_input_checks(prog.input_checks, batch)  # raises before anything is donated
         if not (prog.donated_devices or prog.read_devices):
             return self._execute_program(prog, batch)
@@ -688,6 +720,8 @@ class GraphRunner:
         if not prog.checked:  # outputs of a compiled program are concrete; check the first run
             _assert_no_tracers(prog)
             prog.checked = True
+            if prog.pending is not None and not prog.pending.started:
+                prog.pending.start(after=[*res_arrays, *new_state])  # the quick run's end
         return build_result(prog.result_kinds, prog.result_tree, res_arrays)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import sys
+import types
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import jax
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # graph imports this module
     from .graph import _Recorder
 
 __all__ = ["Layout", "StepLowering", "birth_values", "rebuild_leaves", "result_outputs",
-           "build_result", "unalias", "copy_shared", "avals_of", "buffer_id"]
+           "build_result", "unalias", "copy_shared", "avals_of", "buffer_id", "tensors_in"]
 
 
 class Layout:
@@ -62,6 +63,11 @@ class Layout:
         self._n_state_out = sum(i < n_state for i in self.written)
         self._n_written = len(self.written)
         self._n_extra = n_extra
+
+    @property
+    def closed(self):
+        """The step traced over all state (a ``ClosedJaxpr``), as given."""
+        return self._closed
 
     def pick(self, indices: List[int], state: List[Tensor], devices: List[device_mod.Device]
              ) -> Tuple[List[Tensor], List[device_mod.Device]]:
@@ -160,6 +166,38 @@ class StepLowering:
             raise ValueError("export: name at least one platform, e.g. ('cuda', 'tpu')")
         jitted = jax.jit(self.program, donate_argnums=0)
         return jax.export.export(jitted, platforms=platforms)(*self.avals)
+
+
+# --- the state a step may touch ----------------------------------------------------------------
+def tensors_in(obj: Any) -> List[Tensor]:
+    """Every Tensor reachable from ``obj`` through dicts, lists, tuples and objects' attributes
+    (how graph mode finds an optimizer's state: slots, step counter, schedule values)."""
+    if isinstance(obj, dict):  # fast path: a flat {name: Tensor} dict (Optimizer.get_states)
+        values = list(obj.values())
+        if all(type(v) is Tensor for v in values):
+            return values
+    seen: set = set()
+    found: List[Tensor] = []
+    stack = [obj]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen or isinstance(cur, _OPAQUE):
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, Tensor):
+            found.append(cur)
+        elif isinstance(cur, dict):
+            stack.extend(reversed(list(cur.values())))
+        elif isinstance(cur, (list, tuple)):
+            stack.extend(reversed(cur))
+        elif hasattr(cur, "__dict__"):
+            stack.extend(reversed(list(vars(cur).values())))
+    return found
+
+
+# Objects whose attributes hold no model state worth walking into.
+_OPAQUE = (type, types.FunctionType, types.MethodType, types.ModuleType, device_mod.Device,
+           jax.Array, np.ndarray, str, bytes)
 
 
 # --- a program's inputs and outputs as Python objects -----------------------------------------

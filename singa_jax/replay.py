@@ -2,27 +2,33 @@
 
 An eager operator costs the host tens of microseconds between the user's call and the kernel's
 dispatch; on an accelerator that, not the arithmetic, sets the speed of a dispatch-bound model.
-Replay removes the per-kernel dispatch from a sequence that recurs (a training step's forward,
-an evaluation forward), keeping eager semantics whole:
+Replay removes the per-kernel dispatch from a sequence that recurs (an evaluation forward; a
+training step's forward, fused backward walk and update), keeping eager semantics whole:
 
-* **Record.** An operator whose kernel has run before with the same static arguments and input
-  shapes/dtypes (so its outputs' structure is known, and it is known to succeed) is not run: its
-  kernel call is appended to the thread's pending *segment* and its outputs are
-  :class:`Deferred` placeholders with their shape and dtype. Tensors hold them as their
+* **Record.** An operator whose kernel's outputs are known for its static arguments and input
+  shapes/dtypes (traced once per signature, :func:`_abstract_outputs`; a kernel whose trace
+  fails runs at once and raises there) is not run: its kernel call is appended to the
+  thread's pending *segment* and its outputs are :class:`Deferred` placeholders with their shape and dtype. Tensors hold them as their
   ``_data``; a Tensor's shape, dtype and creator graph are there at once.
 * **Flush.** The segment runs when a value is needed: a Tensor's ``array`` is read (``to_numpy``,
   ``scalar``, printing, a NumPy call, an operator that is not replayable, Python control flow on
-  a value), a backward pass or an optimizer update starts, a Model call ends, graph mode or a
-  transaction begins, another device is used, or the segment reaches :data:`MAX_RECORDS`. Every
-  output of every recorded kernel is computed and every Tensor rebound to its array, so after a
-  flush no Tensor holds a placeholder.
+  a value), a backward pass or an optimizer update starts that is not recorded itself (a fused
+  walk and the update that follows it are: see :func:`soften`), an optimizer's call ends, a
+  Model call ends, graph mode or a transaction begins, another device is used, or the segment
+  reaches :data:`MAX_RECORDS`. Every output still referenced is computed and every Tensor
+  rebound to its array, so after a flush no Tensor holds a placeholder.
+* **Soft outputs.** A recorded backward walk marks the pullback states it read *soft*: a soft
+  output no Tensor holds is not computed at the flush (only pullbacks hold it, and the walk has
+  used it), so a training step's residuals never leave its program; the segment keeps its
+  calls and inputs, and a later read of such a value (a second backward through the same
+  graph) reruns the segment op by op (:meth:`_Segment.recompute`).
 * **Only long sequences.** A thread records only while its last sequence (the kernels between
   two flushes) had at least :data:`MIN_RECORDS` kernels; shorter ones run op by op, which on a
   CPU overlaps each kernel with the Python of the next op.
 * **Replay.** A flushed segment is keyed by its kernels, static arguments, input shapes/dtypes
   and dataflow. The first time a key is seen the kernels run one by one; when it recurs it is
-  compiled into ONE program (each kernel inlined, every output returned) that later flushes of
-  the same key call with the new inputs. A changed sequence (another branch, another shape) is
+  compiled into ONE program (each kernel inlined, returning the outputs still referenced) that
+  later flushes of the same key call with the new inputs. A changed sequence (another branch, another shape) is
   another key: it runs op by op and, if it recurs, gets its own program. A segment that cannot be
   compiled (a kernel reading values on the host) runs op by op from then on.
 
@@ -49,10 +55,10 @@ except ImportError:  # another JAX layout: nothing is recorded (every op runs at
         pass
 
 from .modes import current_trace_hook, in_compile_time_eval, is_eager_replay
-from .xla_options import no_trace_running
+from .xla_options import kernel, no_trace_running
 
-__all__ = ["Deferred", "run", "flush", "bind", "resolve_tree", "stats", "MAX_RECORDS",
-           "MIN_RECORDS", "COMPILE_ON"]
+__all__ = ["Deferred", "run", "flush", "bind", "bind_all", "pending", "soften", "resolve_tree",
+           "stats", "MAX_RECORDS", "MIN_RECORDS", "COMPILE_ON"]
 
 # a segment is flushed when it holds this many kernel calls (a loop that never reads a value
 # would otherwise record without end)
@@ -72,12 +78,16 @@ COMPILE_ON = 2
 class Deferred:
     """The value of a recorded kernel output: its aval now, its array once its segment flushed."""
 
-    __slots__ = ("aval", "shape", "dtype", "segment", "index", "value")
+    __slots__ = ("aval", "shape", "dtype", "segment", "index", "value", "soft")
 
     def __init__(self, aval: Any, segment: "_Segment", index: int):
         # (the aval's own size/ndim properties are slow: hundreds of us for a pullback's avals)
         self.aval, self.shape, self.dtype = aval, aval.shape, aval.dtype
         self.segment, self.index, self.value = segment, index, None
+        # an input of a later kernel of its own segment held only for a backward that may
+        # come again (a pullback's residual, see soften): computed at the flush only when a
+        # Tensor still holds it, else on demand (recompute)
+        self.soft = False
 
     @property
     def ndim(self) -> int:
@@ -92,9 +102,12 @@ class Deferred:
         return self.aval.weak_type
 
     def get(self) -> jax.Array:
-        """The array (flushing the segment that computes it if it has not run)."""
+        """The array (flushing the segment that computes it if it has not run; a soft value
+        its segment's program did not return is recomputed)."""
         if self.value is None:
             self.segment.flush()
+            if self.value is None:
+                self.value = self.segment.recompute()[self.index]
         return self.value
 
     def __repr__(self) -> str:
@@ -130,7 +143,8 @@ _ROOT = _Step(None, None)
 class _Segment:
     """The pending kernel calls of one thread on one device."""
 
-    __slots__ = ("device", "calls", "step", "externals", "leaves", "tensors", "bound", "done")
+    __slots__ = ("device", "calls", "step", "externals", "leaves", "tensors", "bound", "done",
+                 "soft", "recomputed")
 
     def __init__(self, device: Any):
         self.device = device
@@ -144,6 +158,8 @@ class _Segment:
         self.tensors: List[Any] = []
         self.bound: List[int] = []
         self.done = False
+        self.soft = False  # whether any output is soft (see soften)
+        self.recomputed: Optional[List[jax.Array]] = None  # every output, once recomputed
 
     def flush(self) -> None:
         if self.done:
@@ -157,6 +173,8 @@ class _Segment:
         leaves = self.leaves
         programs = self.step.programs
         live = _referenced(leaves)
+        if self.soft and live is not None:
+            live = self._without_soft(live)
         if live not in programs and len(programs) >= _OUTPUT_SETS:
             live = None  # (this sequence ends with ever other outputs referenced: all of them)
         program = programs.get(live)
@@ -187,8 +205,34 @@ class _Segment:
             if t is not None and t._data is leaves[i]:
                 # (else rebound since: e.g. a rolled-back step restored its old array)
                 t._data = leaves[i].value
-        self.calls = self.externals = self.tensors = self.bound = ()  # drop the inputs now
-        self.leaves = ()
+        # the inputs are dropped now, unless a soft output was not computed: then they are
+        # kept while the segment lives, for recompute
+        if not (self.soft and any([d.value is None for d in leaves if d.soft])):
+            self.calls = self.externals = ()
+        self.tensors = self.bound = self.leaves = ()
+
+    def _without_soft(self, live: Tuple[int, ...]) -> Tuple[int, ...]:
+        """``live`` less the soft outputs that no Tensor holds (only pullbacks, which the
+        recorded backward walk of this segment has served)."""
+        leaves = self.leaves
+        held = set()
+        for ref, i in zip(self.tensors, self.bound):
+            t = ref()
+            if t is not None and t._data is leaves[i]:
+                held.add(i)
+        return tuple([i for i in live if not leaves[i].soft or i in held])
+
+    def recompute(self) -> List[jax.Array]:
+        """Every output of the flushed segment, run op by op from its inputs again: for a soft
+        output its program did not return (a second backward through a graph whose first
+        walk was recorded). Kept while the segment lives."""
+        if self.recomputed is None:
+            if not self.calls:
+                raise RuntimeError("eager replay: a value of a flushed segment was asked for "
+                                   "that its program did not compute")
+            self.recomputed = _op_by_op(self.calls, self.externals)
+            _stats["recomputed"] += 1
+        return self.recomputed
 
 
 # the sets of referenced outputs a sequence gets programs for; then one returning every output
@@ -213,10 +257,29 @@ def _referenced(leaves: List["Deferred"]) -> Optional[Tuple[int, ...]]:
 
 
 _UNCOMPILABLE = object()
-# kernel signature (call, statics, input avals) -> (outputs' treedef, leaf avals), known once
-# the kernel ran eagerly with those inputs
-_OUTPUTS: Dict[Tuple, Tuple[Any, Tuple]] = {}
-_stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0}
+# kernel signature (call, statics, input avals) -> (outputs' treedef, leaf avals), from tracing
+# the kernel once (:func:`_abstract_outputs`), or _UNKNOWN
+_OUTPUTS: Dict[Tuple, Any] = {}
+_UNKNOWN = object()
+
+
+def _abstract_outputs(call: Callable, statics: Tuple, avals: Tuple) -> Any:
+    """``(treedef, leaf avals)`` of ``call(*statics, *args)`` for inputs of ``avals``, by
+    abstract evaluation (a trace, which the kernel's first real call reuses): a kernel is then
+    recorded the first time it is met, and the segment around it goes on. Before, a kernel had
+    to run once first, and running it flushed the segment -- with SINGA's ResNet-50 (50 kernel
+    signatures) each forward learnt a few and ran op by op after (an NVIDIA H200: eager == op
+    by op after 12 steps). :data:`_UNKNOWN` where the trace fails: the call then runs at once
+    and raises its error where the operator was called."""
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    try:
+        out = jax.eval_shape(lambda *xs: call(*statics, *xs), *specs)
+    except Exception:  # noqa: BLE001  (the real call reports it)
+        return _UNKNOWN
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    return treedef, tuple([jax.core.ShapedArray(leaf.shape, leaf.dtype,
+                                                weak_type=leaf.weak_type) for leaf in leaves])
+_stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0, "recomputed": 0}
 
 
 class _Local(threading.local):
@@ -263,7 +326,9 @@ def _compile(segment: _Segment, live: Optional[Tuple[int, ...]]) -> Any:
         return values if live is None else [values[i] for i in live]
 
     _stats["compiled"] += 1
-    return jax.jit(program)
+    # (compiled as every eager kernel is: a recorded walk's convolution gradients then run
+    # in the same forms as op by op)
+    return kernel(program)
 
 
 def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any:
@@ -294,15 +359,13 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
     parent = _ROOT if own is None else own.step
     step = parent.next.get(key)
     if step is None:  # a call not recorded at this point of a sequence before
-        known = _OUTPUTS.get((call, statics, tuple([a.aval for a in args])))
-        if known is None:  # first time: run it now and learn its outputs' structure
+        signature = (call, statics, tuple([a.aval for a in args]))
+        known = _OUTPUTS.get(signature)
+        if known is None:  # a kernel signature not seen before: its outputs by tracing
+            known = _OUTPUTS[signature] = _abstract_outputs(call, statics, signature[2])
+        if known is _UNKNOWN:  # (its trace failed: run at once, the call raises its error)
             local.ran += 1
-            out = call(*statics, *resolve_all(args))
-            leaves, treedef = jax.tree_util.tree_flatten(out)
-            if all(type(leaf) is _ArrayImpl for leaf in leaves):
-                _OUTPUTS[call, statics, tuple([a.aval for a in args])] = (
-                    treedef, tuple(leaf.aval for leaf in leaves))
-            return out
+            return call(*statics, *resolve_all(args))
         step = parent.next.setdefault(key, _Step(key, known))
     if own is None:
         if segment is not None:
@@ -343,6 +406,40 @@ def bind(tensor: Any, value: Deferred) -> None:
         tensor._data = value.value
 
 
+def bind_all(tensors: Sequence[Any], values: Sequence[Any]) -> None:
+    """:func:`bind` each of ``tensors`` to its value of ``values`` -- a :class:`Deferred` or,
+    for a kernel run at once, an array -- in one pass (an update rebinds every parameter and
+    slot of a model)."""
+    for t, v in zip(tensors, values):
+        if type(v) is Deferred:
+            bind(t, v)
+        else:
+            t._data = v
+
+
+def pending(device: Any) -> bool:
+    """Whether this thread is recording a segment on ``device`` now (a kernel handed to
+    :func:`run` with it may join it)."""
+    segment = _local.segment
+    return segment is not None and segment.device is device and _local.recording and \
+        not segment.done
+
+
+def soften(values: Sequence[Any]) -> None:
+    """Mark the pending :class:`Deferred` values among ``values`` soft: inputs of a kernel just
+    recorded in their own segment (a backward walk's pullback states) that nothing but
+    pullbacks will read, unless a second backward comes. The segment's program then does not
+    return them (unless a Tensor holds one); a later read recomputes them (see
+    :meth:`_Segment.recompute`)."""
+    segment = _local.segment
+    if segment is None:
+        return
+    for v in values:
+        if type(v) is Deferred and v.segment is segment and v.value is None:
+            v.soft = True
+            segment.soft = True
+
+
 def flush() -> None:
     """Run this thread's pending segment, if any (every Tensor then holds an array)."""
     segment = _local.segment
@@ -364,5 +461,5 @@ def resolve_tree(tree: Any) -> Any:
 
 def stats() -> Dict[str, int]:
     """Counters since start: kernel calls recorded, segments replayed by a compiled program or
-    run op by op, programs compiled."""
+    run op by op, programs compiled, flushed segments rerun for a soft output (recomputed)."""
     return dict(_stats)

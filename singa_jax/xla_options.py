@@ -20,6 +20,12 @@
   (eager MLP step 2.1 -> 1.2 ms).
 * A program that will run only once (its trace met new state, so the next call retraces) is
   compiled without the backend's expensive optimisations: compiling is then most of its cost.
+* A step compiled in two tiers (:mod:`.graph_tiers`) runs its first call(s) compiled with
+  :func:`quick_options`: the one-off options with no library fusions, on CPU only (ResNet-18's
+  step at batch 2 on a 2-core CPU: 4-6 s to compile instead of 7-10, 2-2.5x the optimised
+  step's run time; on an H200 GPU skipping autotuning saved nothing).
+  :func:`quick_steps_while_compiling` says whether the quick program keeps serving calls while
+  the optimised one compiles.
 * Under JAX's own ``jax_disable_most_optimizations`` (``JAX_DISABLE_MOST_OPTIMIZATIONS=1``: a
   program's compile time matters more than its run time, as in a test suite or a debugging
   session), every program on CPU is compiled as that one-off one is, with XLA's library fusions
@@ -32,6 +38,7 @@ error message is ever parsed.
 """
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 
@@ -41,7 +48,7 @@ import jax.numpy as jnp
 from . import host_memory
 
 __all__ = ["compile_options", "compile_time_first", "called_functions", "kernel", "no_trace_running",
-           "platform_of"]
+           "platform_of", "fuses_heavy_walks", "quick_options", "quick_steps_while_compiling", "quick_tier_saving"]
 
 # Each CPU option with its values, best first: the first one this jaxlib accepts is used.
 CPU_OPTIONS: Dict[str, Tuple[Any, ...]] = {
@@ -65,6 +72,26 @@ CPU_STEP_OPTIONS: Dict[str, Tuple[Tuple[Any, ...], Tuple[str, ...]]] = {
 }
 ONE_OFF_OPTIONS: Dict[str, Any] = {"xla_backend_optimization_level": 0,
                                    "xla_llvm_disable_expensive_passes": True}
+# What the quick tier of a step compiled in two tiers takes instead of the step's own options, by
+# platform (each option only where this jaxlib accepts it): on CPU the one-off options with no
+# library fusions (their code generation is a large share of a compile: see below). None on GPU:
+# without autotuning (xla_gpu_autotune_level 0) SINGA's ResNet-50 step at batch 64 compiled no
+# faster on an NVIDIA H200 (first call 10.88 s tiered vs 10.78 s not; the second call then
+# waited 4.9 s for the optimised program) and its convolutions fell back to slow algorithms.
+QUICK_OPTIONS: Dict[str, Dict[str, Any]] = {
+    "cpu": {**ONE_OFF_OPTIONS, "xla_cpu_experimental_ynn_fusion_type": ""},
+}
+# What the quick tier saves and costs, by platform: XLA compile time saved per operation of the
+# step's traced program, and the quick program's extra run time per byte its operations output
+# (fitted on a loaded 2-core CPU, the optimised and quick compiles and runs of LeNet at batch 64,
+# ResNet-18 at batch 2 and ResNet-50 at batch 8: 1.0-3.3 ms saved per operation, 0.55-0.57 s
+# more per GB; see docs/performance.md). GPU: no quick tier (above).
+QUICK_TIER_SECONDS_SAVED_PER_OPERATION: Dict[str, float] = {"cpu": 1.0e-3}
+QUICK_TIER_SECONDS_PER_BYTE: Dict[str, float] = {"cpu": 0.55e-9}
+# A CPU step's quick program serves the calls made while its optimised program compiles only
+# with at least this many cores: on 2 cores the two slowed each other down 2.5x (docs/
+# performance.md), and the second call waiting for the optimised program came first sooner.
+QUICK_STEPS_MIN_CPU_CORES = 8
 # What every CPU program takes under jax_disable_most_optimizations (see the module docstring):
 # YNNPACK's fusions cost compile time that a program run a few times never wins back.
 COMPILE_FIRST_OPTIONS: Dict[str, Tuple[Any, ...]] = {
@@ -81,6 +108,9 @@ def compile_time_first() -> bool:
         return False
 
 
+_compile_time_first = compile_time_first  # (compile_options' argument shadows the name)
+
+
 @lru_cache(maxsize=None)
 def supported(platform: str, name: str, value: Hashable) -> bool:
     """Whether ``platform``'s compiler accepts the option (probed once, on a trivial program)."""
@@ -93,15 +123,16 @@ def supported(platform: str, name: str, value: Hashable) -> bool:
 
 
 def compile_options(platform: str, one_off: bool = False, program: Any = None,
-                    eager: bool = False) -> Dict[str, Any]:
+                    eager: bool = False, compile_time_first: Optional[bool] = None
+                    ) -> Dict[str, Any]:
     """The options for a program on ``platform`` ('cpu', 'gpu', 'tpu'): the CPU ones (never on
     another backend; an eager kernel's when ``eager``), those of a compiled step when
     ``program`` (its ``jax.stages.Lowered``) is given and calls none of the functions that make
     them slower, plus the cheap-compile ones for a program that runs once (every program, with
-    no library fusions, under ``jax_disable_most_optimizations``); only those this jaxlib
-    supports."""
+    no library fusions, under ``jax_disable_most_optimizations``; ``compile_time_first`` says
+    whether that flag counts, None: as set); only those this jaxlib supports."""
     options: Dict[str, Any] = {}
-    first = compile_time_first()
+    first = _compile_time_first() if compile_time_first is None else compile_time_first
     if platform == "cpu":
         host_memory.tune()  # XLA:CPU's buffers are host allocations (see host_memory)
         _choose(options, platform, COMPILE_FIRST_OPTIONS if first else
@@ -114,6 +145,52 @@ def compile_options(platform: str, one_off: bool = False, program: Any = None,
     if one_off or first:
         options.update((k, v) for k, v in ONE_OFF_OPTIONS.items() if supported(platform, k, v))
     return options
+
+
+# Whether an eager backward walk of heavy operators (outputs past autograd's FUSED_WALK_SMALL_OP
+# elements, walks past FUSED_WALK_MAX_OPS operators) runs as one fused kernel, by platform. On a
+# CPU such a walk's kernels dominate its time and its fused program compiles for seconds: op by
+# op. On an accelerator the device runs the kernels asynchronously and the host's dispatch per
+# pullback is the walk's cost even for heavy operators (SINGA's ResNet-50 at batch 64 on an
+# NVIDIA H200: eager training 61 ms a step against graph mode's 26 with the walk op by op).
+HEAVY_WALKS_FUSED: Dict[str, bool] = {"cpu": False}
+
+
+def fuses_heavy_walks(platform: str) -> bool:
+    """Whether backward walks of heavy operators on ``platform`` are fused (see above)."""
+    return HEAVY_WALKS_FUSED.get(platform, True)
+
+
+def quick_options(platform: str, options: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """``options`` (a step's, on ``platform``) with :data:`QUICK_OPTIONS` of that platform in
+    force, those this jaxlib supports; None when that changes nothing (no quick options for the
+    platform, or the step's are quick already, as under ``jax_disable_most_optimizations``)."""
+    quick = dict(options)
+    for name, value in QUICK_OPTIONS.get(platform, {}).items():
+        if supported(platform, name, value):
+            quick[name] = value
+    return None if quick == options else quick
+
+
+def quick_tier_saving(platform: str, operations: int, output_bytes: int) -> float:
+    """Seconds the quick tier is expected to take off a first call of a step program of
+    ``operations`` operations whose operations output ``output_bytes`` bytes: the compile time
+    it saves less the quick program's slower run (0 for a platform not measured)."""
+    return (operations * QUICK_TIER_SECONDS_SAVED_PER_OPERATION.get(platform, 0.0) -
+            output_bytes * QUICK_TIER_SECONDS_PER_BYTE.get(platform, 0.0))
+
+
+def quick_steps_while_compiling(platform: str) -> bool:
+    """Whether a step's quick program should serve calls while its optimised program compiles
+    on a background thread: not when both compete for the few cores of a CPU
+    (:data:`QUICK_STEPS_MIN_CPU_CORES`)."""
+    if platform != "cpu":
+        return True  # the step runs on the accelerator, the compiler on the host
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return cores >= QUICK_STEPS_MIN_CPU_CORES
 
 
 def _choose(options: Dict[str, Any], platform: str, table: Dict[str, Tuple[Any, ...]]) -> None:

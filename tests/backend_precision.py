@@ -51,6 +51,18 @@ def matmul_tolerance(rtol: float, atol: float = 0.0) -> Dict[str, float]:
     return {"rtol": max(rtol, floor_r), "atol": max(atol, floor_a)}
 
 
+def two_programs_tolerance(rtol: float, atol: float = 0.0) -> Dict[str, float]:
+    """``dict(rtol=, atol=)`` for two float32 results of the SAME computation by two different
+    programs (eager vs graph mode, a replayed step vs op by op, a quick vs an optimised
+    compilation, a wrapping optimizer vs the wrapped one): the float32 ``rtol``/``atol`` given
+    where float32 products are float32 (the programs then differ by rounding order alone);
+    widened like :func:`matmul_tolerance` on a reduced-precision backend, where each program's
+    products are rounded on their own (XLA:GPU picks a dot/convolution algorithm per program
+    and shape and may fold a small product into an exact float32 fusion), so that the two
+    differ by up to the arithmetic's error, compounded over the few steps compared."""
+    return matmul_tolerance(rtol, atol)
+
+
 def reduced_precision() -> bool:
     """Whether float32 products are computed with fewer mantissa bits than float32's."""
     return arithmetic() != "float32"

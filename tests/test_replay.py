@@ -9,7 +9,12 @@ import pytest
 
 from singa_jax import autograd, device, layer, model, opt, replay, tensor
 
-RTOL, ATOL = 1e-6, 1e-6  # float32, XLA:CPU: fused program vs one kernel per operator
+from backend_precision import matmul_tolerance
+
+# float32 on XLA:CPU: fused program vs one kernel per operator, 1e-6; where float32 products
+# are computed in reduced precision (TF32 on an NVIDIA GPU) the two round differently: widened
+_TOLERANCE = matmul_tolerance(1e-6, 1e-6)
+RTOL, ATOL = _TOLERANCE["rtol"], _TOLERANCE["atol"]
 
 
 @pytest.fixture(autouse=True)
@@ -228,3 +233,83 @@ def test_only_long_sequences_are_recorded(monkeypatch):
             want = np.tanh(want)
         # (XLA's float32 tanh against NumPy's, twelve times over: 1e-5)
         np.testing.assert_allclose(tensor.to_numpy(y), want, rtol=1e-5)
+
+
+class Widening(model.Model):
+    """Linear layers of distinct widths, each followed by tanh: every forward kernel has a
+    signature of its own, as SINGA's ResNet-50 has about 50."""
+
+    def __init__(self, n=10):
+        super().__init__()
+        self.n = n
+        for i in range(n):
+            setattr(self, f"fc{i}", layer.Linear(5 + i))
+
+    def forward(self, x):
+        for i in range(self.n):
+            x = autograd.tanh(getattr(self, f"fc{i}")(x))
+        return x
+
+
+def test_kernels_met_for_the_first_time_are_recorded_without_ending_the_segment():
+    """A kernel signature not seen before is recorded at once (its outputs from a trace): the
+    first forward is ONE segment, not one per new kernel, and the second runs compiled."""
+    x = tensor.from_numpy(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))
+    device.get_default_device().SetRandSeed(0)
+    net = Widening()
+    net.compile([x], is_train=False, use_graph=False)
+    net.eval()
+    with autograd.eager_replay(True):
+        outs, deltas = [], []
+        for _ in range(3):
+            before = replay.stats()
+            outs.append(tensor.to_numpy(net(x)))
+            after = replay.stats()
+            deltas.append({k: after[k] - before[k] for k in after})
+    with autograd.eager_replay(False):
+        plain = tensor.to_numpy(net(x))
+    first, second, third = deltas
+    assert first["recorded"] >= 2 * net.n  # every kernel of the forward recorded ...
+    assert first["op_by_op"] == 1 and first["replayed"] == 0  # ... in one segment, run op by op
+    assert second["recorded"] == first["recorded"]
+    assert second["compiled"] == 1 and second["replayed"] == 1
+    assert third["compiled"] == 0 and third["replayed"] == 1
+    for out in outs:
+        np.testing.assert_allclose(out, plain, rtol=RTOL, atol=ATOL)
+
+
+def test_a_kernel_whose_trace_fails_raises_at_the_operator_and_nothing_is_recorded():
+    a = tensor.from_numpy(np.ones((2, 3), np.float32))
+    b = tensor.from_numpy(np.ones((4, 5), np.float32))
+    with autograd.eager_replay(True):
+        h = autograd.tanh(a)  # a pending value, then a matmul of mismatched shapes
+        with pytest.raises(Exception, match="3|4"):
+            autograd.matmul(h, b)
+        np.testing.assert_allclose(tensor.to_numpy(h), np.tanh(np.ones((2, 3))), rtol=1e-6)
+
+
+@pytest.mark.parametrize("heavy", [False, True])
+def test_walks_of_heavy_operators_fuse_where_the_backend_says(monkeypatch, heavy):
+    """xla_options.fuses_heavy_walks: on a CPU a long walk of heavy operators goes op by op; on
+    an accelerator it is fused (and recorded into the step's program) like a small one. Here
+    every operator counts as heavy and walks past 4 operators as long; the switch of the
+    platform the test runs on is flipped: the gradients equal op by op's either way."""
+    from singa_jax import xla_options
+    from singa_jax.autograd import engine
+    monkeypatch.setattr(engine, "FUSED_WALK_MAX_OPS", 4)
+    monkeypatch.setattr(engine, "FUSED_WALK_SMALL_OP", 0)
+    platform = device.get_default_device().platform
+    monkeypatch.setitem(xla_options.HEAVY_WALKS_FUSED, platform, heavy)
+    fused = []
+    walk = engine._fused_walk
+
+    def counting(*args, **kwargs):
+        result = walk(*args, **kwargs)
+        fused.append(result is not None)
+        return result
+
+    monkeypatch.setattr(engine, "_fused_walk", counting)
+    replayed = _train(Net, True, [2], steps=5)
+    assert any(fused) is heavy  # (a plan fuses from its second walk on)
+    plain = _train(Net, False, [2], steps=5)
+    _assert_same(replayed, plain)

@@ -15,7 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper  # noqa: E402
 
-from backend_precision import matmul_tolerance  # noqa: E402
+from backend_precision import matmul_tolerance, two_programs_tolerance  # noqa: E402
 from singa_jax import autograd, layer, model, opt, tensor  # noqa: E402
 from onnx_classifier import Classifier  # noqa: E402
 from singa_jax import sonnx  # noqa: E402
@@ -38,12 +38,14 @@ pytestmark = pytest.mark.usefixtures("eval_mode")  # conftest: autograd.training
 
 def check_round_trip(inputs, y, opset=None, atol=1e-5, batch_free=True):
     """Export y's graph; onnxruntime and our importer must both reproduce y (onnxruntime
-    computes float32 products, y's are TF32 on a GPU by default)."""
+    computes float32 products, y's are TF32 on a GPU by default; the importer's program is
+    another program than the one that computed y, its products rounded on their own)."""
     m = sonnx.to_onnx(inputs, [y], opset_version=opset)
     xs = [tensor.to_numpy(x) for x in inputs]
     want = tensor.to_numpy(y)
     np.testing.assert_allclose(ort_run(m, *xs)[0], want, **matmul_tolerance(1e-5, atol))
-    np.testing.assert_allclose(sonnx.prepare(m).run(xs)[0], want, rtol=1e-5, atol=atol)
+    np.testing.assert_allclose(sonnx.prepare(m).run(xs)[0], want,
+                               **two_programs_tolerance(1e-5, atol))
     dims = [d.dim_param for d in m.graph.input[0].type.tensor_type.shape.dim[:1]]
     assert (dims == ["batch"]) == batch_free
     return m
@@ -241,8 +243,17 @@ def test_explicit_opset_gets_the_ir_version_it_needs(opset, rng):
     assert om.opset_import[0].version == opset
     assert om.ir_version == _ir_for(opset)  # 8 for 18; 14 for onnx 1.23's 28
     onnx.checker.check_model(om, full_check=True)
-    np.testing.assert_allclose(ort_run(om, tensor.to_numpy(a))[0], tensor.to_numpy(y),
-                               rtol=1e-6)
+    try:
+        got = ort_run(om, tensor.to_numpy(a))[0]
+    except Exception as e:  # onnxruntime's own error class (its pybind Fail)
+        # only an opset past what the default export promises (RUNTIME_MAX_OPSET) may need an
+        # IR version newer than the installed onnxruntime reads
+        if opset <= sonnx.RUNTIME_MAX_OPSET or "Unsupported model IR version" not in str(e):
+            raise
+        pytest.skip(f"the installed onnxruntime {ort.__version__} predates IR version "
+                    f"{om.ir_version} (onnx {onnx.__version__}'s opset {opset}): export checked, "
+                    f"not run: {re.search(r'Unsupported model IR version.*', str(e)).group(0)}")
+    np.testing.assert_allclose(got, tensor.to_numpy(y), rtol=1e-6)
 
 
 @pytest.mark.parametrize("opset", [7, 13, 21])
@@ -269,8 +280,11 @@ def test_run_node_model_has_the_ir_version_of_its_opset(opset, monkeypatch):
 # import: hand-built graphs against NumPy, errors raised at prepare
 # --------------------------------------------------------------------------------------------
 def _model(nodes, inputs, outputs, inits=(), opset=17):
+    """A hand-built model at ``opset``, with that opset's IR version as exporters write it
+    (``helper.make_model`` alone writes onnx's newest, which an older onnxruntime refuses)."""
     g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=_ir_for(opset))
 
 
 def _vi(name, shape, dtype=TensorProto.FLOAT):

@@ -36,8 +36,8 @@ from ..dtypes import is_inexact
 from ..modes import fused_backward, is_backward_fused, is_grad_enabled, is_training  # noqa: F401
 from ..tensor import Tensor
 from ..tensor.handle import result_tensor
-from ..xla_options import kernel
-from .. import replay
+from ..xla_options import fuses_heavy_walks, kernel
+from .. import gc_tuning, replay
 from ..replay import Deferred, _ArrayImpl
 
 __all__ = ["Operator", "Operation", "Dummy", "infer_dependency", "gradients", "backward",
@@ -208,10 +208,12 @@ class Operator(Node):
         """How many elements this op's last call output in all (None: not known)."""
         return None
 
-    def pullback_step(self) -> Optional[Tuple[Callable, Any, Any, Tuple[bool, ...]]]:
+    def pullback_step(self, pending: bool = False
+                      ) -> Optional[Tuple[Callable, Any, Any, Tuple[bool, ...]]]:
         """This op's backward as data, for a fused walk: ``(pull, spec, state, gives)`` where
         ``pull(spec, state, dys, apply)`` is a pure function (``spec`` hashable, ``state`` a
-        pytree of arrays, ``apply(state, cotangents)`` the call of the pullback) returning what
+        list of arrays -- with ``pending``, eager replay's Deferred values where they are not
+        computed yet --, ``apply(state, cotangents)`` the call of the pullback) returning what
         ``backward(*dys)`` returns, and ``gives`` says which inputs get a gradient. None (the
         default, e.g. a user's operator): the engine calls ``backward`` and walks op by op."""
         return None
@@ -351,13 +353,17 @@ def backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool 
 
 def _backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool = True,
                    wanted: Optional[Dict[Tuple[Node, int], Tensor]] = None,
-                   root_dy: Optional[float] = None
-                   ) -> Iterator[Tuple[Tensor, jax.Array, str, Any]]:
+                   root_dy: Optional[float] = None, record: bool = False
+                   ) -> Iterator[Tuple[Tensor, Any, str, Any]]:
     """:func:`backpropagate`, each yield with the Device its gradient array is known to live on
-    (a fused walk's kernel runs on its operators' one device), or None."""
+    (a fused walk's kernel runs on its operators' one device), or None. With ``record``, a
+    fused walk may be recorded by eager replay into the segment of its forward (see
+    :func:`_fused_walk`): its gradients are then :class:`~singa_jax.replay.Deferred`."""
     wanted = wanted or {}
-    replay.flush()  # the forward's recorded kernels run now (their residuals are needed)
-    fused = _fused_walk(roots, wanted)
+    gc_tuning.tune()  # an eager training loop keeps each graph until the next step (see there)
+    if not record:
+        replay.flush()  # the forward's recorded kernels run now (their residuals are needed)
+    fused = _fused_walk(roots, wanted, record)
     if fused is not None:
         ops, yields = fused
         if not retain_graph:
@@ -369,6 +375,7 @@ def _backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool
             yield x, g, name, device
         return
 
+    replay.flush()  # an op-by-op walk reads the residuals
     given = None
     if root_dy is not None and len(roots) == 1 and \
             not getattr(roots[0][0].creator, "takes_arrays", True):
@@ -460,7 +467,8 @@ def _walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Te
 # seen before runs as one jitted replay over the operators' pullback states (their residuals):
 # the same operations in the same order, so the same gradients up to rounding (XLA fuses
 # across operators, and may then sum in another order).
-FUSED_WALK_MAX_OPS = 64  # a larger walk compiles for seconds and saves little: its ops are heavy
+FUSED_WALK_MAX_OPS = 64  # on a CPU a larger walk compiles for seconds and saves little: its ops
+# are heavy (an accelerator fuses it all the same: xla_options.fuses_heavy_walks)
 # ... unless every operator is small (outputs of at most FUSED_WALK_SMALL_OP elements): then
 # the walk's time is one dispatch per pullback (and on a CPU the wake-up of XLA's worker threads
 # after the walk's Python), which the fused kernel removes; such a walk is fused up to this many
@@ -490,12 +498,14 @@ class _Plan:
     for the k-th operator), ``states`` (each operator's pullback state) and the number of
     values so far (roots first, then each step's results in order)."""
 
-    def __init__(self, n_roots: int):
+    def __init__(self, n_roots: int, pending: bool = False, heavy: bool = False):
         self.steps: list = []
         self.states: list = []
         self.ops: list = []
         self.n_values = n_roots
         self.small = True  # every operator small (see FUSED_WALK_SMALL_OP; known from op 64 on)
+        self.pending = pending  # whether the states may stay pending (Deferred leaves)
+        self.heavy = heavy  # whether heavy operators are fused too (xla_options.fuses_heavy_walks)
 
     def new(self) -> int:
         self.n_values += 1
@@ -507,12 +517,15 @@ class _Plan:
 
     def run(self, op: Operator, dys: list) -> Tuple[Any, ...]:
         n = len(self.ops)
-        if n >= FUSED_WALK_MAX_OPS:  # only a walk of small operators goes on
-            if n == FUSED_WALK_MAX_OPS:
-                self.small = all(map(_small, self.ops))
-            if not self.small or n >= FUSED_WALK_MAX_SMALL_OPS or not _small(op):
+        if n >= FUSED_WALK_MAX_OPS:  # only a walk of small operators goes on (on a CPU)
+            if n >= FUSED_WALK_MAX_SMALL_OPS:
                 raise _NotReplayable
-        step = op.pullback_step()
+            if not self.heavy:
+                if n == FUSED_WALK_MAX_OPS:
+                    self.small = all(map(_small, self.ops))
+                if not self.small or not _small(op):
+                    raise _NotReplayable
+        step = op.pullback_step(True) if self.pending else op.pullback_step()
         if step is None:
             raise _NotReplayable
         pull, spec, state, gives = step
@@ -522,14 +535,21 @@ class _Plan:
         return tuple(self.new() if g else None for g in gives)
 
 
-def _fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Tensor]
-                ) -> Optional[Tuple[list, list]]:
+def _fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Tensor],
+                record: bool = False) -> Optional[Tuple[list, list]]:
     """(operators walked, the walk's yields) computed by one replay kernel, or None when this
     walk goes op by op: inside a trace (already one program), fused walks off, an operator
-    without a pure pullback, several devices, or a plan not seen before."""
+    without a pure pullback, several devices, or a plan not seen before.
+
+    With ``record``, while eager replay records the forward's segment on the walk's device,
+    the replay kernel is recorded into it too (its yields are Deferred) and the pullback
+    states it reads are marked soft (:func:`~singa_jax.replay.soften`): a training step's
+    residuals then never leave the segment's program. Otherwise the pullback states are
+    computed first (a flush)."""
     if not is_backward_fused() or any(isinstance(g, jax.core.Tracer) for _, g in roots):
         return None
-    plan = _Plan(len(roots))
+    plan = _Plan(len(roots), pending=record,
+                 heavy=fuses_heavy_walks(roots[0][0].device.platform))
     try:
         yields = list(_walk([(y, i) for i, (y, _) in enumerate(roots)], wanted, plan.run,
                             plan.add))
@@ -552,7 +572,12 @@ def _fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, in
             if plan_id < 0:
                 plan_id = _seen_plans[key] = len(_plan_table)
                 _plan_table.append(key)
-    values = _replay(plan_id, plan.states, [g for _, g in roots])
+    leaves = [leaf for state in plan.states for leaf in state]
+    sizes = tuple([len(state) for state in plan.states])
+    at = device if record and replay.pending(device) else None
+    values = replay.run(_replay, (plan_id, sizes), leaves + [g for _, g in roots], at)
+    if at is not None:
+        replay.soften(leaves)
     return plan.ops, [(x, v, name) for (x, _, name), v in zip(yields, values)]
 
 
@@ -560,12 +585,18 @@ def _apply_pullback(vjp: Callable, cotangents: Any) -> Any:
     return vjp(cotangents)
 
 
-@partial(kernel, static_argnums=0)
-def _replay(plan_id: int, states: list, roots: list) -> list:
+@partial(kernel, static_argnums=(0, 1))
+def _replay(plan_id: int, sizes: Tuple[int, ...], *leaves: jax.Array) -> list:
     """Plan ``plan_id`` (its steps and outputs in ``_plan_table``: the id keeps the kernel's
-    cache key one int) run on the pullback ``states`` from the ``roots``' gradients."""
+    cache key short) run on the pullback states -- the first ``sum(sizes)`` of ``leaves``,
+    ``sizes[k]`` for the k-th operator -- from the roots' gradients (the rest). Flat leaves, so
+    that eager replay can record the call like any kernel's."""
     steps, outs = _plan_table[plan_id]
-    values = list(roots)
+    states, at = [], 0
+    for n in sizes:
+        states.append(list(leaves[at:at + n]))
+        at += n
+    values = list(leaves[at:])
     for step in steps:
         if step[0] is _ADD:
             values.append(values[step[1]] + values[step[2]])
@@ -590,9 +621,12 @@ def backward(y: Tensor, dy: Any = None) -> Iterator[Tuple[Tensor, Tensor]]:
     if not isinstance(y, Tensor):
         raise TypeError(f"backward: y must be a Tensor, got {type(y).__name__}")
     for x, g, name, device in _backpropagate([(y, root_grad(y, dy))],
-                                             root_dy=given_root_dy(dy)):
+                                             root_dy=given_root_dy(dy), record=True):
         # (a gradient known to be on x's device skips the placement check)
-        yield x, result_tensor(g, x.device, name=name, placed=device is x.device)
+        t = result_tensor(g, x.device, name=name, placed=device is x.device)
+        if type(g) is Deferred:  # a recorded walk's: computed when its segment runs
+            replay.bind(t, g)
+        yield x, t
 
 
 def gradients(y: Tensor, dy: Any = None) -> Dict[int, Tensor]:

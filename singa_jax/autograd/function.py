@@ -121,6 +121,7 @@ def _forward(fn: Callable, static: Tuple, *xs):
 # (the engine's input_needs_grad, input dtypes...) -> Function._differentiated's answer
 _DIFFERENTIATED: Dict[Tuple, Tuple[Tuple[bool, ...], Optional[Tuple[bool, ...]]]] = {}
 _OUTPUT_SPECS: Dict[Any, Tuple] = {}  # aval -> ((shape, dtype),): one output's spec
+_ELEMENTS: Dict[Tuple, int] = {}  # outputs' spec -> their number of elements in all
 
 
 def _output_spec(aval: Any) -> Tuple[Tuple[Tuple[int, ...], Any]]:
@@ -179,19 +180,20 @@ class _Unjoined:
                    else replay.resolve_all((outputs,))[0])
         return residuals.join(pullback, replay.resolve_all(self.inputs), outputs)
 
-    def flat(self) -> Tuple[list, Any]:
-        """``(leaves, treedef)`` of the joined pullback, its residuals computed, made without
-        building the joined pytree (from the layout, when the kernel forwarded residuals)."""
+    def flat(self, pending: bool = False) -> Tuple[list, Any]:
+        """``(leaves, treedef)`` of the joined pullback, its residuals computed (or, with
+        ``pending``, possibly still Deferred), made without building the joined pytree (from
+        the layout, when the kernel forwarded residuals)."""
         pullback = self.pullback
         if type(pullback) is not residuals.Residuals:
             leaves, treedef = jax.tree_util.tree_flatten(pullback)
-            return replay.resolve_all(leaves), treedef
+            return (leaves if pending else replay.resolve_all(leaves)), treedef
         treedef, where = pullback.layout
         outputs = self.outputs
         sources = (self.inputs, outputs if isinstance(outputs, tuple) else (outputs,))
         computed = iter(pullback.computed)
         leaves = [next(computed) if w is None else sources[w[0]][w[1]] for w in where]
-        return replay.resolve_all(leaves), treedef
+        return (leaves if pending else replay.resolve_all(leaves)), treedef
 
 
 @kernel(static_argnums=(0, 1, 2, 3))
@@ -399,24 +401,31 @@ class Function(Operator):
         if type(pullback) is _Unjoined:
             pullback = self._pullback = pullback.joined()
         elif pullback is _FLAT:
-            leaves, treedef = self._flat
+            leaves, treedef = self._pullback_leaves()
             pullback = self._pullback = treedef.unflatten(leaves)
         return pullback
 
-    def _pullback_leaves(self) -> Tuple[list, Any]:
-        """``(leaves, treedef)`` of the pullback, its residuals computed (kept: a retained graph
-        may be walked again)."""
+    def _pullback_leaves(self, pending: bool = False) -> Tuple[list, Any]:
+        """``(leaves, treedef)`` of the pullback, its residuals computed -- or, with
+        ``pending``, as they are (Deferred while their segment has not run: a walk recorded
+        into that segment takes them so) -- kept: a retained graph may be walked again."""
         flat = self._flat
         if flat is None:
             pullback = self._pullback
             if type(pullback) is _Unjoined:
-                flat = pullback.flat()
+                flat = pullback.flat(pending)
                 # the recorded structure (and its Deferred placeholders) can go: a pytree, if
                 # ever needed, is rebuilt from the leaves
                 self._pullback = _FLAT
             else:
                 flat = jax.tree_util.tree_flatten(pullback)
             self._flat = flat
+        elif not pending:
+            leaves = flat[0]
+            for leaf in leaves:
+                if type(leaf) is Deferred:  # left pending by a recorded walk: computed now
+                    flat = self._flat = (replay.resolve_all(leaves), flat[1])
+                    break
         return flat
 
     def _differentiated(self, xs: tuple) -> Tuple[Tuple[bool, ...], Optional[Tuple[bool, ...]]]:
@@ -453,14 +462,22 @@ class Function(Operator):
         return self._pullback is not None or type(self).backward is not Function.backward
 
     def output_elements(self) -> Optional[int]:
-        return sum([math.prod(shape) for shape, _ in self._out]) if self._out else None
+        out = self._out
+        if not out:
+            return None
+        size = _ELEMENTS.get(out)  # (a walk asks for every operator: counted once per spec)
+        if size is None:
+            size = sum([math.prod(shape) for shape, _ in out])
+            if len(_ELEMENTS) < _INTERNED_MAX:
+                _ELEMENTS[out] = size
+        return size
 
-    def pullback_step(self):
+    def pullback_step(self, pending: bool = False):
         if self._pullback is None or not self.backward_is_pullback:
             return None
         # the pullback as its leaves (its structure in the step's spec): a fused walk's kernel
         # then takes plain lists of arrays, which jit flattens without calling back into Python
-        leaves, treedef = self._pullback_leaves()
+        leaves, treedef = self._pullback_leaves(pending)
         return (_pull_leaves, (self._diff, self._out, self._several_outputs, treedef), leaves,
                 self._diff)
 

@@ -31,13 +31,21 @@ def _timeout() -> int:
 # ------------------------------------------------------------------------------------------
 # Local kernels: float16 round trip and sparsification of one rank's values
 # ------------------------------------------------------------------------------------------
+def _to_half(a: jax.Array) -> jax.Array:
+    """``a`` as float16, rounded there for certain. A plain ``astype(float16)`` whose result
+    returns to float32 inside a program may be dropped by XLA ("excess precision", on by
+    default: on an NVIDIA GPU, jit kept the float32 values); ``lax.reduce_precision`` to
+    float16's 5 exponent and 10 mantissa bits is an operation XLA keeps."""
+    return jax.lax.reduce_precision(a, exponent_bits=5, mantissa_bits=10).astype(jnp.float16)
+
+
 @partial(jax.jit, static_argnums=(1,))
 def _round_half(arrays: List[jax.Array], clip_value: Optional[float]) -> List[jax.Array]:
     """What an all-reduce in float16 over one replica returns: each value (first clipped to
     ``[-clip_value, clip_value]`` unless ``clip_value`` is None) rounded to float16."""
     if clip_value is not None:
         arrays = [jnp.clip(a, -clip_value, clip_value) for a in arrays]
-    return [a.astype(jnp.float16).astype(a.dtype) for a in arrays]
+    return [_to_half(a).astype(a.dtype) for a in arrays]
 
 
 @partial(jax.jit, static_argnums=(2, 3))
@@ -77,7 +85,7 @@ def _stacked_sum(stacked: List[jax.Array], half: bool, clip: Optional[float], sc
     for x in stacked:
         if clip is not None:
             x = jnp.clip(x, -clip, clip)
-        s = x.astype(jnp.float16).sum(0).astype(x.dtype) if half else x.sum(0)
+        s = _to_half(x).sum(0).astype(x.dtype) if half else x.sum(0)
         out.append(s * scale if scale != 1 else s)
     return out
 

@@ -49,7 +49,7 @@ from ..ctensor import CTensor
 from ..tensor import Tensor
 from .optimizers import SGD, Optimizer, _param_name, _state_tensor
 from .schedules import _check_real
-from .cluster import TIMEOUT_ENV, _join, _sparsify
+from .cluster import TIMEOUT_ENV, _join, _sparsify, _to_half
 from .spmd import _SPMD_BODY, ZERO_AXES, SpmdStep, zero_dim, zero_spec
 from .cluster import LOCAL, RANK
 
@@ -217,7 +217,7 @@ class DistOpt:
                     arrays = [jnp.clip(a, -clip, clip) for a in arrays]
                 dtypes = [a.dtype for a in arrays]
                 arrays = [s.astype(d) for s, d in zip(spmd.sum_over_ranks(
-                    [a.astype(jnp.float16) for a in arrays], True), dtypes)]
+                    [_to_half(a) for a in arrays], True), dtypes)]
             else:
                 arrays = spmd.sum_over_ranks(arrays, of_rank_values)
             return [a * scale for a in arrays] if scale != 1 else arrays
@@ -291,7 +291,7 @@ class DistOpt:
                     grad = jax.lax.psum_scatter(grad, LOCAL, scatter_dimension=d, tiled=True) / m
                 if clip is not None:
                     grad = jnp.clip(grad, -clip, clip)
-                grad = grad.astype(jnp.float16)
+                grad = _to_half(grad)
                 if world > 1:  # (over one rank: the rounding alone, no collective)
                     grad = jax.lax.psum_scatter(grad, RANK, scatter_dimension=d, tiled=True)
                 grad = grad.astype(g.dtype) / world

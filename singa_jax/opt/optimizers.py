@@ -31,6 +31,8 @@ from .schedules import _HYPER_SPECS, DecayScheduler, _advance, _as_schedule, _ev
 from .update import (UpdateRule, _adagrad_rule, _adam_rule, _advance_unless_skipped,
                      _fused_update, _rmsprop_rule, _sgd_rule, SEPARATE_TEST_FROM,
                      _finite_test)
+from .replayed_update import record_update, recording_device
+from ..replay import Deferred
 
 
 class NonFiniteStepWarning(RuntimeWarning):
@@ -300,6 +302,10 @@ class Optimizer:
         advancing the step counter. The graph is kept (SINGA's rule), so the same loss can be
         back-propagated again; a graph freed by ``loss.backward()`` raises RuntimeError."""
         self._apply_all(self._gradients(loss), loss)
+        # a step that eager replay recorded (forward, walk, update) ends here: it runs now
+        # (asynchronously), so a loop that reads nothing between steps still records each
+        # step as one recurring segment
+        replay.flush()
 
     def _apply_all(self, pairs: Sequence[Tuple[Tensor, Tensor]],
                    loss: Optional[Tensor] = None) -> None:
@@ -505,10 +511,15 @@ class Optimizer:
         kernel when non-finite, see the class docstring; ``loss`` is checked too).
 
         Eager SINGA programs call this once per step: it reads and writes the arrays directly
-        unless graph mode is tracing (whose hook must see every read and write)."""
+        unless graph mode is tracing (whose hook must see every read and write). When the
+        gradients come from a backward walk that eager replay recorded into the segment of
+        the step's forward, the update is recorded there too (see :mod:`.replayed_update`):
+        the step's forward, walk and update then run as one program when it recurs."""
         if not triples:
             return
-        replay.flush()  # the arrays are read directly below: nothing may be pending
+        recording = recording_device(self, triples)
+        if recording is None:
+            replay.flush()  # the arrays are read directly below: nothing may be pending
         self._warn_skipped_steps()
         for name, p, g in triples:  # validate everything before any state changes
             self._check_pair(name, p, g)
@@ -533,7 +544,11 @@ class Optimizer:
         scale_state = self._scale_state() if scaling else None
         checked = ()
         if guard and isinstance(loss, Tensor) and is_inexact(loss.dtype):
-            checked = (loss.array,)
+            checked = (loss._data if recording is not None else loss.array,)
+        if recording is not None:
+            record_update(self, recording, triples, slot_tensors, schedules, hyper, guard,
+                          checked, scale_state)
+            return
         # outside a trace the arrays are read and rebound directly (the kernel's outputs are on
         # its inputs' device, so the property's checks hold); a trace goes through the property,
         # whose hook must see every read and write
@@ -596,6 +611,8 @@ class Optimizer:
         if current_trace_hook() is not None:
             return
         watched = self.__dict__.get("_skip_watch")
+        if type(watched) is Deferred:  # a recorded update's: ready once its segment ran
+            watched = watched.value
         if watched is not None and watched.is_ready():
             self._warn_skip_count(np.asarray(watched).tolist())
             self.__dict__["_skip_watch"] = None
@@ -606,7 +623,8 @@ class Optimizer:
         if self.__dict__.get("_skip_watch") is not None or current_trace_hook() is not None \
                 or "_skip_state" not in self.__dict__ or self._scaling():
             return  # (a loss-scaled update's skips are not warned about: see the class doc)
-        array = self._skip_state.array
+        # (a recorded update's pending value is kept as it is: reading it would run its segment)
+        array = self._skip_state._data
         # only concrete arrays are kept: inside a user's jax.jit they are tracers
         if not isinstance(array, jax.core.Tracer):
             self.__dict__["_skip_watch"] = array

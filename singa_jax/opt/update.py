@@ -93,6 +93,27 @@ def _all_finite(arrays: Sequence[jax.Array]) -> jax.Array:
     return jnp.isfinite(sum(sums)) if sums else jnp.array(True)
 
 
+def _all_finite_as_one_sum(arrays: Sequence[jax.Array]) -> jax.Array:
+    """:func:`_all_finite` with few kernels, for graph mode's step (``in_place``), whose
+    compile time each kernel adds to: each large array's row sums by its matrix-vector product
+    (as there), then those and every small array, flattened, in ONE vector summed once. Behind
+    an optimisation barrier, or XLA splits the sum of the concatenation back into one reduction
+    per piece. ResNet-18's step: 183 -> 125 reductions, its guard's compile time (CPU, step
+    options) ~2.9 -> ~1.3 s; the same test."""
+    parts = []
+    for a in arrays:
+        if not jnp.issubdtype(a.dtype, jnp.inexact):
+            continue
+        a = a.astype(jnp.promote_types(a.dtype, jnp.float32))
+        if a.ndim >= 2 and a.size >= _SUM_BY_PRODUCT_SIZE:
+            rows = a.reshape(a.shape[0], -1)
+            a = rows @ jnp.ones(rows.shape[1], rows.dtype)
+        parts.append(a.reshape(-1).astype(jnp.float32))
+    if not parts:
+        return jnp.array(True)
+    return jnp.isfinite(jnp.sum(jax.lax.optimization_barrier(jnp.concatenate(parts))))
+
+
 def _sum_of(a: jax.Array) -> jax.Array:
     """The sum of ``a`` in at least float32 (as float32); NaN or inf when an element is."""
     a = a.astype(jnp.promote_types(a.dtype, jnp.float32))
@@ -155,7 +176,7 @@ def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
         new_params, new_slots = update()
         return new_params, new_slots, skip_state, loss_scale
     if ok is None:
-        ok = _all_finite(list(grads) + list(checked))
+        ok = (_all_finite_as_one_sum if in_place else _all_finite)(list(grads) + list(checked))
     # In graph mode's program (``in_place``: the params and slots are donated) a cond, not
     # where(ok, new, old) per array: the update runs in place inside the taken branch, where a
     # select keeps every old value alive next to its new one (XLA then copies each slot that
@@ -189,3 +210,34 @@ def _advance_unless_skipped(schedules: Tuple[DecayScheduler, ...], step: jax.Arr
     counter, every schedule's value there and ``skip_state`` with ``pending`` cleared."""
     nxt = step + (1 - skip_state[1])
     return nxt, tuple(s.value(nxt) for s in schedules), skip_state.at[1].set(0.0)
+
+
+def _recorded_update(spec: Tuple, *arrays: jax.Array):
+    """:func:`_fused_update` over flat arrays, for eager replay to record into the segment of
+    the step's forward and backward walk (see ``Optimizer._update_pairs``): ``spec`` is
+    ``(rule, config, decay, schedules, hyper names, params, slots per param, guard, checked,
+    has skip_state, has loss_scale, growth_interval)`` and ``arrays`` are the hyper values,
+    the step, the params, the grads, the slots, the checked arrays, then the skip state and
+    the loss scale where present.
+
+    The guard takes its ``lax.cond`` form (``in_place``): in one program with the gradients'
+    sums, the per-array select form compiles superlinearly in the number of arrays (200
+    params: 15 s against 1.5 s), as it did with the test inside the update kernel (see
+    :data:`SEPARATE_TEST_FROM`)."""
+    (rule, config, decay, schedules, names, n, per, guard, n_checked, has_skip, has_scale,
+     growth_interval) = spec
+    it = iter(arrays)
+    hyper = {name: next(it) for name in names}
+    step = next(it)
+    params = [next(it) for _ in range(n)]
+    grads = [next(it) for _ in range(n)]
+    slots = [tuple(next(it) for _ in range(per)) for _ in range(n)]
+    checked = tuple(next(it) for _ in range(n_checked))
+    skip_state = next(it) if has_skip else None
+    loss_scale = next(it) if has_scale else None
+    return _fused_update(rule, config, decay, schedules, hyper, step, params, grads, slots, guard,
+                         checked, skip_state, True, loss_scale=loss_scale,
+                         growth_interval=growth_interval)
+
+
+_recorded_update_kernel = jax.jit(_recorded_update, static_argnums=0)

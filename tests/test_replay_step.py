@@ -1,0 +1,369 @@
+"""Eager replay of a whole training step: the forward, the fused backward walk and the optimizer's
+update recorded into one segment, run as ONE program once the step recurs (singa_jax.replay,
+autograd.engine._fused_walk, opt/replayed_update.py). Every check compares against op-by-op
+execution (``autograd.eager_replay(False)``) from the same seed: float32 on the CPU, equal up
+to XLA's fusion rounding (1e-6; on a GPU's TF32 up to two programs' own roundings:
+backend_precision.two_programs_tolerance). Also: singa_jax's garbage-collector tuning
+(gc_tuning.py)."""
+import os
+import subprocess
+import sys
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+from backend_precision import two_programs_tolerance
+from singa_jax import autograd, device, layer, model, opt, replay, tensor
+from singa_jax.autograd import engine
+from singa_jax.opt import update
+from singa_jax.opt.optimizers import NonFiniteStepWarning
+
+WARMUP = 7  # calls after which a recurring step is one compiled program (see bench_eager.py)
+
+
+def _close():
+    """Replayed vs op by op: two programs computing the same steps, 1e-6 apart where float32
+    products are float32 (fusion rounding), their own TF32 roundings apart on a GPU."""
+    return two_programs_tolerance(1e-6, 1e-6)
+
+
+@pytest.fixture(autouse=True)
+def record_every_sequence(monkeypatch):
+    """These small steps are shorter than replay.MIN_RECORDS: record them anyway."""
+    monkeypatch.setattr(replay, "MIN_RECORDS", 1)
+
+
+class Net(model.Model):
+    """Two [Conv2d, BatchNorm2d, ReLU] blocks, Flatten, Linear, softmax cross-entropy."""
+
+    def __init__(self, per_param=False, read_grads=False):
+        super().__init__()
+        self.per_param, self.read_grads = per_param, read_grads
+        self.conv0, self.bn0, self.relu0 = layer.Conv2d(4, 4, 3, padding=1), \
+            layer.BatchNorm2d(4), layer.ReLU()
+        self.conv1, self.bn1, self.relu1 = layer.Conv2d(4, 4, 3, padding=1), \
+            layer.BatchNorm2d(4), layer.ReLU()
+        self.flatten, self.fc = layer.Flatten(), layer.Linear(3)
+        self.loss = layer.SoftMaxCrossEntropy()
+        self.grads_seen = []
+
+    def forward(self, x):
+        x = self.relu0(self.bn0(self.conv0(x)))
+        return self.fc(self.flatten(self.relu1(self.bn1(self.conv1(x)))))
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        if self.per_param:  # SINGA's older style: the walk's pairs updated one by one
+            for p, g in autograd.backward(loss):
+                if self.read_grads:  # a gradient read while the walk's segment is pending
+                    self.grads_seen.append(tensor.to_numpy(g).copy())
+                self.optimizer.update(p, g)
+            self.optimizer.step()
+        else:
+            self.optimizer(loss)
+        return out, loss
+
+
+def _data(seed=0, batch=2, nan=False):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, 4, 5, 5)).astype(np.float32)
+    if nan:
+        x[0, 0, 0, 0] = np.nan
+    return (tensor.from_numpy(x),
+            tensor.from_numpy(rng.integers(0, 3, batch).astype(np.int32)))
+
+
+def _build(optimizer, **kwargs):
+    device.get_default_device().SetRandSeed(0)
+    net = Net(**kwargs)
+    net.set_optimizer(optimizer)
+    net.compile([_data()[0]], is_train=True, use_graph=False)
+    return net
+
+
+def _states(net):
+    state = {k: tensor.to_numpy(v) for k, v in net.get_states().items()}
+    state.update({f"opt/{k}": tensor.to_numpy(v)
+                  for k, v in net.optimizer.get_states().items()})
+    return state
+
+
+def _train(replayed, make_optimizer, steps=WARMUP + 3, **kwargs):
+    with autograd.eager_replay(replayed):
+        net = _build(make_optimizer(), **kwargs)
+        losses = []
+        for step in range(steps):
+            net.train()
+            _, loss = net(*_data(seed=step % 2))
+            losses.append(tensor.to_numpy(loss))
+        return losses, _states(net), net
+
+
+def _assert_same(a, b):
+    for la, lb in zip(a[0], b[0]):
+        np.testing.assert_allclose(la, lb, **_close())
+    assert a[1].keys() == b[1].keys()
+    for k in a[1]:
+        np.testing.assert_allclose(a[1][k], b[1][k], **_close(), err_msg=k)
+
+
+def _sgd():
+    return opt.SGD(lr=0.05, momentum=0.9, weight_decay=1e-3)
+
+
+def _adam():
+    # epsilon well above the rounding noise (~1e-7) that is all the conv biases' gradient
+    # (exactly zero: batch norm follows): with SINGA's 1e-8, Adam's normalised step moved them
+    # by up to lr per step in the direction of that noise, which two programs round apart on
+    # a GPU (conv0.b 0.015 vs -0.004 on an H200); the other parameters' steps barely change
+    return opt.Adam(lr=0.01, epsilon=1e-4)
+
+
+def test_a_recurring_training_step_is_one_program_without_residuals_or_gradients(monkeypatch):
+    compiled = []
+    real = replay._compile
+
+    def spy(segment, live):
+        compiled.append(([call for call, _, _ in segment.calls], live, len(segment.leaves)))
+        return real(segment, live)
+
+    monkeypatch.setattr(replay, "_compile", spy)
+    net = _build(_sgd())
+    x, y = _data()
+    for _ in range(WARMUP):
+        net.train()
+        net(x, y)
+    before = replay.stats()
+    net.train()
+    out, loss = net(x, y)
+    after = replay.stats()
+    # the step ran as one replayed program, nothing op by op
+    assert after["replayed"] - before["replayed"] == 1
+    assert after["op_by_op"] == before["op_by_op"]
+    calls, live, outputs = compiled[-1]
+    assert engine._replay in calls and update._recorded_update_kernel in calls
+    # what it returns: the parameters, slots and buffers it rebinds, the guard's state and the
+    # call's two results -- no residual, no gradient
+    rebound = len(net.get_states()) + len(net.optimizer.get_states()) - 1  # (no step_counter)
+    assert len(live) == rebound + 1 + 2
+    assert outputs >= len(live) + 10  # (the 10 gradients among the outputs not returned)
+    assert all(isinstance(t._data, jax.Array) for t in net.get_states().values())
+
+
+@pytest.mark.parametrize("make_optimizer", [_sgd, _adam], ids=["sgd", "adam"])
+def test_replayed_steps_equal_op_by_op(make_optimizer):
+    replayed = _train(True, make_optimizer)
+    plain = _train(False, make_optimizer)
+    _assert_same(replayed[:2], plain[:2])
+    losses = [float(np.ravel(v)[0]) for v in replayed[0]]
+    assert losses[-1] < losses[0]
+
+
+def test_a_second_backward_through_a_replayed_step_recomputes_its_residuals():
+    results = []
+    for replayed in (True, False):
+        with autograd.eager_replay(replayed):
+            net = _build(_sgd())
+            x, y = _data()
+            for _ in range(WARMUP):
+                net.train()
+                _, loss = net(x, y)
+            before = replay.stats()["recomputed"]
+            # SINGA keeps the graph: walk it again (its pullbacks saw the old parameters)
+            grads = {p.name: tensor.to_numpy(g) for p, g in autograd.backward(loss)}
+            results.append(grads)
+            if replayed:
+                assert replay.stats()["recomputed"] == before + 1
+    assert results[0].keys() == results[1].keys() and len(results[0]) == 10
+    for k in results[0]:
+        np.testing.assert_allclose(results[0][k], results[1][k], **_close(),
+                                   err_msg=k)
+
+
+@pytest.mark.parametrize("read_grads", [False, True], ids=["unread", "read"])
+def test_per_parameter_updates_from_the_walk_equal_op_by_op(read_grads):
+    replayed = _train(True, _sgd, per_param=True, read_grads=read_grads)
+    plain = _train(False, _sgd, per_param=True, read_grads=read_grads)
+    _assert_same(replayed[:2], plain[:2])
+    if read_grads:
+        for ga, gb in zip(replayed[2].grads_seen, plain[2].grads_seen):
+            np.testing.assert_allclose(ga, gb, **_close())
+
+
+def test_an_apply_override_falls_back_and_equals_op_by_op():
+    class HalfStepSGD(opt.SGD):  # SINGA's way: a subclass with its own apply
+        def apply(self, param_name, param_value, param_grad):
+            param_value.data -= 0.5 * self.lr.init_value * param_grad.data
+
+    replayed = _train(True, lambda: HalfStepSGD(lr=0.05))
+    plain = _train(False, lambda: HalfStepSGD(lr=0.05))
+    _assert_same(replayed[:2], plain[:2])
+
+
+def test_a_non_finite_step_is_skipped_and_reported_inside_the_program():
+    net = _build(_sgd())
+    x, y = _data()
+    for _ in range(WARMUP):
+        net.train()
+        net(x, y)
+    before = _states(net)
+    bad_x, _ = _data(nan=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonFiniteStepWarning)
+        net.train()
+        net(bad_x, y)  # the same sequence: recorded, run by the step's program
+    after = _states(net)
+    for k in before:
+        if not k.startswith("bn"):  # (the batch norm's running statistics saw the batch)
+            np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+    assert int(tensor.to_numpy(net.optimizer.skipped_steps)[0]) == 1
+    with pytest.warns(NonFiniteStepWarning, match="skipped the update"):
+        net.train()
+        net(x, y)
+
+
+def test_float16_loss_scaling_in_the_replayed_step_equals_op_by_op():
+    def run(replayed):
+        with autograd.eager_replay(replayed):
+            device.get_default_device().SetRandSeed(0)
+            net = Net()
+            net.set_optimizer(_sgd())
+            net.compile([_data()[0]], is_train=True, use_graph=False, autocast="float16")
+            for step in range(WARMUP + 2):
+                net.train()
+                net(*_data(seed=step % 2))
+            return _states(net)
+
+    replayed, plain = run(True), run(False)
+    assert "opt/loss_scale" in replayed
+    for k in replayed:  # float16 products: equal up to float16 rounding of fused programs
+        np.testing.assert_allclose(replayed[k], plain[k], rtol=2e-3, atol=2e-4, err_msg=k)
+
+
+def test_pytorch_style_backward_and_update_still_work():
+    def run(replayed):
+        with autograd.eager_replay(replayed):
+            device.get_default_device().SetRandSeed(0)
+            net = Net()
+            net.compile([_data()[0]], is_train=True, use_graph=False)
+            params = [p for p in net.get_params().values()]
+            for p in params:
+                p.requires_grad_()
+            autograd.training = True
+            try:
+                for step in range(WARMUP):
+                    out = net.forward(_data(seed=step % 2)[0])
+                    loss = autograd.reduce_mean(autograd.mul(out, out), None, 0)
+                    loss.backward()
+                    for p in params:
+                        p.data -= 0.01 * p.grad.data
+                        p.grad = None
+            finally:
+                autograd.training = False
+            return {p.name: tensor.to_numpy(p) for p in params}
+
+    replayed, plain = run(True), run(False)
+    for k in replayed:
+        np.testing.assert_allclose(replayed[k], plain[k], **_close(), err_msg=k)
+
+
+def test_a_plain_loop_that_reads_nothing_replays_each_step_as_one_program():
+    """No Model call (whose end runs what is pending) and no guard (whose step() reads its
+    state): the optimizer's call ends the recorded step itself."""
+    def run(replayed):
+        with autograd.eager_replay(replayed):
+            net = _build(opt.SGD(lr=0.05, momentum=0.9))
+            net.optimizer.skip_nonfinite = False
+            autograd.training = True
+            counts = []
+            try:
+                for step in range(WARMUP + 3):
+                    before = replay.stats()["replayed"]
+                    x, y = _data(seed=step % 2)
+                    net.optimizer(net.loss(net.forward(x), y))
+                    counts.append(replay.stats()["replayed"] - before)
+            finally:
+                autograd.training = False
+            return counts, _states(net)
+
+    counts, replayed = run(True)
+    assert counts[-3:] == [1, 1, 1]  # one program per step, from the step's recurrence on
+    _, plain = run(False)
+    for k in replayed:
+        np.testing.assert_allclose(replayed[k], plain[k], **_close(), err_msg=k)
+
+
+def test_a_replayed_step_that_raises_after_its_update_leaves_the_state_as_it_was():
+    class Failing(Net):
+        fail = False
+
+        def train_one_batch(self, x, y):
+            out, loss = super().train_one_batch(x, y)
+            if self.fail:
+                raise RuntimeError("after the update")
+            return out, loss
+
+    device.get_default_device().SetRandSeed(0)
+    net = Failing()
+    net.set_optimizer(_sgd())
+    net.compile([_data()[0]], is_train=True, use_graph=False)
+    x, y = _data()
+    for _ in range(WARMUP):
+        net.train()
+        net(x, y)
+    before = _states(net)
+    net.fail = True
+    with pytest.raises(RuntimeError, match="after the update"):
+        net(x, y)
+    after = _states(net)
+    for k in before:
+        np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+
+
+_GC_SCRIPT = """
+import gc, sys
+import jax, numpy as np
+# objects frozen before singa_jax ran (gc.freeze() by the interpreter's startup -- a
+# sitecustomize, say -- or by a dependency): not singa_jax's doing
+frozen_before = gc.get_freeze_count()
+from singa_jax import autograd, gc_tuning, tensor
+if sys.argv[1] == "own":
+    gc.set_threshold(900, 10, 10)  # the program's own thresholds stand
+before = gc.get_threshold()
+x = tensor.from_numpy(np.ones((3,), np.float32)); x.requires_grad_()
+autograd.training = True
+y = autograd.reduce_sum(autograd.mul(x, x), None, 0)
+grads = [tensor.to_numpy(g) for _, g in autograd.backward(y)]  # singa_jax tunes the GC here
+print(before[0], gc.get_threshold()[0], gc_tuning.tuned(), grads[0].tolist())
+class Cycle:
+    pass
+c = Cycle(); c.me = c; del c  # cyclic garbage: an explicit collection still frees it
+print(gc.collect() >= 1, gc.get_freeze_count() - frozen_before)
+gc_tuning.untune()
+print(gc.get_threshold()[0], gc_tuning.tuned())
+"""
+
+
+@pytest.mark.parametrize("case", ["default", "off", "own"])
+def test_gc_tuning_and_its_switch(case):
+    env = {k: v for k, v in os.environ.items() if k != "SINGA_JAX_GC_TUNING"}
+    if case == "off":
+        env["SINGA_JAX_GC_TUNING"] = "0"
+    out = subprocess.run([sys.executable, "-c", _GC_SCRIPT, case], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, second, third = out.stdout.split("\n")[-4:-1]
+    assert first.endswith("[2.0, 2.0, 2.0]")  # d(sum x*x)/dx at x = 1
+    assert second == "True 0"  # singa_jax froze nothing (gc.freeze)
+    if case == "default":
+        assert first.startswith("700 10000 True")
+        assert third == "700 False"  # untune restores Python's threshold
+    elif case == "off":
+        assert first.startswith("700 700 False")
+        assert third == "700 False"
+    else:
+        assert first.startswith("900 900 False")
+        assert third == "900 False"
