@@ -20,6 +20,7 @@ import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
+import numpy as np
 
 from . import host_prng
 from .modes import in_compile_time_eval, traced_keys
@@ -162,14 +163,22 @@ class Device:
     def platform(self) -> str:
         return self.jax_device.platform
 
-    def put(self, array) -> jax.Array:
-        """``array`` as a jax.Array on this device (tracers are returned unchanged)."""
+    def put(self, array, private: bool = False) -> jax.Array:
+        """``array`` as a jax.Array on this device (tracers are returned unchanged); a NumPy
+        array is copied first unless ``private`` (the caller's own fresh array, which nothing
+        else can change)."""
         if isinstance(array, jax.core.Tracer):
             return array
         # Results of ops on this device already live here (committed or not); device_put
         # would cost ~40x the check on every Tensor created.
         if isinstance(array, jax.Array) and array.devices() == {self.jax_device}:
             return array
+        if not private and isinstance(array, np.ndarray):
+            # jax.device_put may read a NumPy buffer after it returns (the host-to-device copy
+            # is asynchronous; on a CPU it may alias the buffer): a Tensor made from an array
+            # its caller changes afterwards saw the change in 1 of 3 tries (XLA:CPU). SINGA's
+            # Tensors hold copies; the transfer reads a private one.
+            array = np.array(array, copy=True)
         return jax.device_put(array, self.jax_device)
 
     def __repr__(self) -> str:

@@ -228,6 +228,22 @@ def test_batches_from_an_iterable_each_epoch():
     assert [b[1][0] for b in collect(endless.epoch(1))] == [2]  # an iterator goes on
 
 
+def test_an_iterable_refilling_one_buffer_gets_each_batch_as_it_was():
+    """A generator that refills one NumPy buffer per batch (a common host loader): the loader
+    works ahead of the consumer, so each batch must be copied before the next refill."""
+    buffer = np.zeros((64, 1000), np.float32)
+
+    def refilled():
+        for i in range(12):
+            buffer[:] = i
+            yield buffer, np.full(64, i, np.int32)
+
+    loader = data.DeviceLoader.from_batches(refilled(), batches_per_epoch=12, prefetch=4)
+    got = collect(loader.epoch(0))
+    for i, (x, y) in enumerate(got):
+        np.testing.assert_array_equal(np.asarray(x), np.full((64, 1000), i, np.float32))
+
+
 def test_an_error_in_the_thread_is_raised_by_next_with_its_cause():
     def failing():
         yield np.zeros((2, 3), np.float32), np.zeros(2, np.int32)

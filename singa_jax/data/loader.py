@@ -129,8 +129,10 @@ class _IterableSource:
             except StopIteration:
                 return
             x, y = item if isinstance(item, tuple) else (item, None)
-            x = np.asarray(x)
-            y = None if y is None else np.asarray(y)
+            # copies: the device transfer reads them after it returns, and an iterable may
+            # refill one buffer for every batch (see Device.put)
+            x = np.array(x)
+            y = None if y is None else np.array(y)
             if y is not None and len(y) != len(x):
                 raise ValueError(f"DeviceLoader: batch {step} of epoch {epoch} has {len(x)} "
                                  f"inputs but {len(y)} labels")

@@ -515,7 +515,7 @@ class Tensor:
             raise ValueError(f"copy_from_numpy: a NumPy array of shape {src.shape} ({src.size} "
                              f"elements) does not fit a tensor of shape {self.shape} "
                              f"({self.size()} elements) at offset {offset}")
-        values = self.device.put(src.astype(self.dtype).reshape(-1))
+        values = self.device.put(src.astype(self.dtype).reshape(-1), private=True)  # (a copy)
         self.array = _write_flat(self.array, offset, values)
 
     def copy_data(self, t: "Tensor") -> None:
