@@ -39,7 +39,11 @@ def mlp_bn(rng):
         "x", TensorProto.FLOAT, ["n", 6])], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, ["n", 3])],
         initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in w.items()])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    # (with opset 17's IR version: make_model alone writes onnx's newest, which an older
+    # onnxruntime refuses -- 1.30 on a GPU machine could not load IR 14)
+    opsets = [helper.make_opsetid("", 17)]
+    return helper.make_model(g, opset_imports=opsets,
+                             ir_version=helper.find_min_ir_version_for(opsets))
 
 
 def ort_run(m, x):
