@@ -49,6 +49,8 @@ import tempfile
 import time
 from typing import Optional
 
+from torch_child import child_step_times, print_step_times
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("cnn", "alexnet", "resnet18", "resnet50", "resnet101", "xception")
 
@@ -105,63 +107,30 @@ def _child(name: str, batch: int, steps: int) -> None:
 
 
 def _torch_child(name: str, batch: int, steps: int) -> None:
-    """PyTorch's steps of SINGA's ResNet (examples/cnn/model/resnet.py: torchvision's layers,
-    the stride on the 3x3 convolution); prints one JSON list of step times."""
+    """PyTorch's steps of SINGA's ResNet (benchmarks/resnet_torch.py: torchvision's layers, the
+    stride on the 3x3 convolution); prints one JSON list of step times."""
     try:
         import torch
     except ImportError:
         print(json.dumps(None))
         return
-    nn = torch.nn
+    import resnet_torch
     torch.manual_seed(0)
-
-    class Bottleneck(nn.Module):
-        def __init__(self, cin: int, planes: int, stride: int):
-            super().__init__()
-            cout = planes * 4
-            self.convs = nn.ModuleList([nn.Conv2d(cin, planes, 1, bias=False),
-                                        nn.Conv2d(planes, planes, 3, stride, 1, bias=False),
-                                        nn.Conv2d(planes, cout, 1, bias=False)])
-            self.bns = nn.ModuleList([nn.BatchNorm2d(planes), nn.BatchNorm2d(planes),
-                                      nn.BatchNorm2d(cout)])
-            self.down = None
-            if stride != 1 or cin != cout:
-                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                          nn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            out = x
-            for i, (conv, bn) in enumerate(zip(self.convs, self.bns)):
-                out = bn(conv(out))
-                out = torch.relu(out) if i < 2 else out
-            return torch.relu(out + (x if self.down is None else self.down(x)))
-
-    blocks = {"resnet50": (3, 4, 6, 3), "resnet101": (3, 4, 23, 3)}[name]
-    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-              nn.MaxPool2d(3, 2, 1)]
-    cin = 64
-    for i, (planes, count) in enumerate(zip((64, 128, 256, 512), blocks)):
-        for j in range(count):
-            layers.append(Bottleneck(cin, planes, 2 if i and not j else 1))
-            cin = planes * 4
-    net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10))
+    net = resnet_torch.build({"resnet50": 50, "resnet101": 101}[name])
     sgd = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(batch, 3, 224, 224), torch.randint(0, 10, (batch,))
-    times = []
-    for _ in range(steps + 1):  # the first is a warm-up
-        t0 = time.perf_counter()
+
+    def step() -> None:
         sgd.zero_grad()
-        nn.functional.cross_entropy(net(x), y).backward()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
         sgd.step()  # synchronous on the CPU: every parameter and slot is updated on return
-        times.append(time.perf_counter() - t0)
-    print(json.dumps(times[1:]))
+
+    print_step_times(step, steps, warmup=1)
 
 
 def _torch_steps(name: str, batch: int, steps: int) -> list:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-child", name,
-                          "--batch", str(batch), "--torch", str(steps)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1]) or []
+    return child_step_times([os.path.abspath(__file__), "--torch-child", name, "--batch",
+                             str(batch), "--torch", str(steps)])
 
 
 # the hand-written jax.jit reference (benchmarks/resnet_jax.py) of these models: their depth

@@ -44,6 +44,7 @@ import jax
 import numpy as np
 
 from singa_jax import autograd, device, gc_tuning, layer, model, opt, tensor
+from torch_child import step_times
 
 LR, MOMENTUM = 0.05, 0.9
 WARMUP = 8  # calls of each variant before timing
@@ -164,17 +165,7 @@ def _torch_child(net_kind: str, batch: int, depth: int, steps: int, threads: int
             torch.cuda.synchronize()
         return out
 
-    result = {}
-    for name, fn in (("train", train), ("eval", evaluate)):
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        result[name] = times
-    print(json.dumps(result))
+    print(json.dumps({"train": step_times(train, steps), "eval": step_times(evaluate, steps)}))
 
 
 def torch_times(net_kind: str, batch: int, depth: int, steps: int,

@@ -25,12 +25,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
+
+from torch_child import child_step_times, print_step_times
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _EXAMPLES = os.path.join(os.path.dirname(_HERE), "examples")
@@ -68,24 +69,14 @@ def _torch_child(depth: int, batch: int, size: int, steps: int, dtype: str,
         if where == "cuda":
             torch.cuda.synchronize()  # the update included
 
-    for _ in range(3):  # warm-up (cuDNN's algorithm choice)
-        step()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    print(json.dumps(times))
+    print_step_times(step, steps)
 
 
 def torch_times(depth: int, batch: int, size: int, steps: int, dtype: str,
                 channels_last: bool) -> List[float]:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-child",
-                          "--depth", str(depth), "--batch", str(batch), "--size", str(size),
-                          "--steps", str(steps), "--dtypes", dtype]
-                         + (["--channels-last"] if channels_last else []),
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1]) or []
+    return child_step_times([os.path.abspath(__file__), "--torch-child", "--depth", str(depth),
+                             "--batch", str(batch), "--size", str(size), "--steps", str(steps),
+                             "--dtypes", dtype] + (["--channels-last"] if channels_last else []))
 
 
 # --- the JAX variants ----------------------------------------------------------------------------

@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from functools import partial
@@ -43,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from singa_jax import autograd, device, layer, model, opt, tensor
+from torch_child import child_step_times, print_step_times
 
 LR, MOMENTUM = 0.05, 0.9
 AUTOCAST = None  # --autocast: the compute dtype's name, or None (float32)
@@ -168,24 +168,14 @@ def _torch_child(kind: str, batch: int, steps: int) -> None:
     if step is None:
         print(json.dumps(None))
         return
-    for _ in range(3):  # warm-up
-        step()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    print(json.dumps(times))
+    print_step_times(step, steps)
 
 
 def torch_times(kind: str, batch: int, steps: int) -> List[float]:
     """Step times of PyTorch in a fresh process ([] when torch is not installed)."""
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-child", kind,
-                          "--batch", str(batch), "--steps", str(steps)]
-                         + (["--autocast", AUTOCAST] if AUTOCAST else []),
-                         capture_output=True, text=True, check=True)
-    times = json.loads(out.stdout.strip().splitlines()[-1])
-    return times or []
+    return child_step_times([os.path.abspath(__file__), "--torch-child", kind, "--batch",
+                             str(batch), "--steps", str(steps)]
+                            + (["--autocast", AUTOCAST] if AUTOCAST else []))
 
 
 # --- timing --------------------------------------------------------------------------------

@@ -80,9 +80,8 @@ from .precision import float32_matmul_precision
 from .modes import TraceHook, autocast_dtype, current_trace_hook, trace_hook
 from .tensor import Tensor
 
-# their names here before they moved to graph_layout (_copy_shared is looked up here per call,
-# so a test can watch what a step donates)
-_unalias, _buffer_id, _copy_shared = unalias, buffer_id, copy_shared
+# (looked up here per call, so a test can watch what a step donates)
+_copy_shared = copy_shared
 
 __all__ = ["GraphRunner", "GraphModeError", "ProgramNotKept", "tensors_in", "NOT_CACHED",
            "tiered_compilation"]
@@ -150,6 +149,14 @@ class _Recorder(TraceHook):
         elif i not in self.known_ids:
             self.undeclared_written[i] = t
             self.written_originals.setdefault(i, t._data)  # called before the rebinding
+
+    def put_back_written(self, tensors: Sequence[Tensor]) -> None:
+        """Give each of ``tensors`` that the step wrote without declaring it the value it had
+        before the step's first write (the others are left as they are)."""
+        for t in tensors:
+            original = self.written_originals.get(id(t))
+            if original is not None:
+                t._data = original
 
     def created(self, t: Tensor) -> None:
         i = id(t)  # may be the id of a freed temporary: the newest Tensor owns it now
@@ -315,9 +322,7 @@ class GraphRunner:
         ``Model.compile_step``)."""
         self._unused_provisional = []
         key = self._call_key(name, args, kwargs, declared_state, training, static)[3]
-        prog = self.programs.get(key)
-        if prog is None and self.programs:
-            prog = self._rekeyed(key, self._state_list(declared_state))
+        prog = self._program_for(key, declared_state)
         if prog is not None:
             if prog.pending is not None:  # compiled in tiers: the optimised program, now
                 self._take_optimised(prog, block=True)
@@ -356,9 +361,7 @@ class GraphRunner:
         _, _, arrays, key = self._call_key(name, args, kwargs, declared_state, training, static)
         last_key, prog = self._last
         if key != last_key:  # comparing with the last call's key is cheaper than hashing it
-            prog = self.programs.get(key)
-        if prog is None and self.programs:
-            prog = self._rekeyed(key, self._state_list(declared_state))
+            prog = self._program_for(key, declared_state)
         if prog is None:
             return NOT_CACHED
         result = self._execute(prog, arrays)
@@ -381,8 +384,7 @@ class GraphRunner:
         state = self._state_list(declared_state)
         prog = self._trace(fn, f"{self.owner_name}.{name}", leaves, arg_tree, arrays, state,
                            device_mod.all_devices(), dry=dry)
-        self._unused_provisional = []
-        if provisional:
+        if provisional:  # (run and prepare have emptied _unused_provisional)
             used = {id(t) for t in [*prog.donated, *prog.read, *prog.written, *prog.extra_out]}
             self._unused_provisional = [t for t in provisional if id(t) not in used]
             # the program is the state it takes: a caller that drops the unused ones finds it
@@ -413,6 +415,14 @@ class GraphRunner:
                device_mod.all_devices(), static, float32_matmul_precision(),
                autocast_dtype())
         return leaves, arg_tree, arrays, key
+
+    def _program_for(self, key: Tuple, declared_state: Sequence[Tensor]) -> Optional[_Program]:
+        """The program kept under ``key``, or one of the same call over the same state kept
+        under an older key (:meth:`_rekeyed`), or None."""
+        prog = self.programs.get(key)
+        if prog is None and self.programs:
+            prog = self._rekeyed(key, self._state_list(declared_state))
+        return prog
 
     def _rekeyed(self, key: Tuple, state: List[Tensor]) -> Any:
         """A program of the same call traced over exactly the tensors of ``state``, filed under
@@ -539,10 +549,7 @@ class GraphRunner:
             if new_state and with_births:
                 births = birth_values(closed, recorder, alive)
             if births is None and new_state and dry:
-                for t in record["extra"]:  # written, not declared: the value it had
-                    original = recorder.written_originals.get(id(t))
-                    if original is not None:
-                        t._data = original
+                recorder.put_back_written(record["extra"])
                 raise ProgramNotKept(where)
             if births is None:
                 layout = Layout(closed, record["rewritten"], len(state), len(devices),
@@ -567,10 +574,7 @@ class GraphRunner:
             # Give the new state its value from before this step (birth values for the new
             # Tensors, the current value for undeclared ones the step wrote) and trace again
             # with all of it as input: the program kept from then on serves this call too.
-            for t in record["extra"]:
-                original = recorder.written_originals.get(id(t))
-                if original is not None:
-                    t._data = original
+            recorder.put_back_written(record["extra"])
             for t, b in zip(alive, births):
                 t._data = b
                 _detach(t)

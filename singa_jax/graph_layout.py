@@ -124,8 +124,7 @@ def birth_values(closed, recorder: "_Recorder", alive: List[Tensor]) -> Optional
         values = [value(v) for v in outvars]
     except _BornFromInputs:
         return None
-    return [t.device.put(np.asarray(b) if isinstance(b, np.ndarray) else b)
-            for t, b in zip(alive, values)]
+    return [t.device.put(b) for t, b in zip(alive, values)]
 
 
 class _BornFromInputs(Exception):

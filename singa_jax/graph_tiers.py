@@ -234,9 +234,7 @@ class Pending:
         if self.future is None:
             self._lowered = None
             self.future = Future()
-            self.future.cancel()
-        else:
-            self.future.cancel()
+        self.future.cancel()
 
 
 # --- when to compile in tiers -----------------------------------------------------------------
@@ -285,7 +283,7 @@ def plan(lowered: Any, closed: Any, platform: str, options: Dict[str, Any],
     optimised = options
     if always and xla_options.compile_time_first():
         optimised = xla_options.compile_options(platform, program=lowered,
-                                                compile_time_first=False)
+                                                for_compile_time=False)
     wait = not xla_options.quick_steps_while_compiling(platform)
     quick = None
     if mode and not (mode == "auto" and wait):
@@ -325,10 +323,9 @@ def program_size(jaxpr: Any) -> Tuple[int, int]:
         operations += 1
         for var in eqn.outvars:
             aval = var.aval  # (a PRNG key's dtype is JAX's own: it has an itemsize too)
-            shape, size = getattr(aval, "shape", None), getattr(aval.dtype, "itemsize", 0) \
-                if hasattr(aval, "dtype") else 0
+            shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
             if shape is not None:
-                output_bytes += math.prod(shape) * size
+                output_bytes += math.prod(shape) * getattr(dtype, "itemsize", 0)
     return operations, output_bytes
 
 

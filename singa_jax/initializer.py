@@ -72,7 +72,7 @@ def eye(t: Tensor) -> None:
     _require_matrix("eye", t)
     # NumPy builds it: jnp.eye compiles a program per shape (compile()'s initialisation
     # compiles none per layer)
-    t.array = t.device.put(np.eye(t.shape[0], t.shape[1], dtype=t.dtype))
+    t.array = t.device.put(np.eye(t.shape[0], t.shape[1], dtype=t.dtype), private=True)
 
 
 def orthogonal(t: Tensor, gain: float = 1.0) -> None:
@@ -83,7 +83,7 @@ def orthogonal(t: Tensor, gain: float = 1.0) -> None:
     a = jax.random.normal(t.device.next_key(), t.shape, jnp.float32)
     u, _, vt = jnp.linalg.svd(a, full_matrices=False)
     q = u if u.shape == t.shape else vt
-    t.array = t.device.put((q * gain).astype(t.dtype))
+    t.array = t.device.put((q * gain).astype(t.dtype), private=True)
 
 
 def _compute_fans(shape: Tuple[int, ...]) -> Tuple[float, float]:

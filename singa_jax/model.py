@@ -325,17 +325,15 @@ class Model(Layer, metaclass=ModelMeta):
         finally:
             if provisional:
                 unused = runner.unused_provisional
-                for optimizer in _with_wrapped(optimizers):
-                    if isinstance(optimizer, opt.Optimizer):
-                        state_ahead.drop(optimizer, unused)
+                for optimizer in _plain_optimizers(optimizers):
+                    state_ahead.drop(optimizer, unused)
 
     @staticmethod
     def _settle_state_ahead(optimizers: List[Any]) -> None:
         """After a traced call that did not fail: the state made ahead for it is the
         optimizers' own now (see :mod:`.opt.state_ahead`)."""
-        for optimizer in _with_wrapped(optimizers):
-            if isinstance(optimizer, opt.Optimizer):
-                state_ahead.settle(optimizer)
+        for optimizer in _plain_optimizers(optimizers):
+            state_ahead.settle(optimizer)
 
     def _make_state_ahead(self) -> List[Tensor]:
         """Before graph mode first traces a training step: every optimizer's state for this
@@ -350,9 +348,8 @@ class Model(Layer, metaclass=ModelMeta):
             return []
         params = [p for p in self.get_params().values() if p.stores_grad]
         made: List[Tensor] = []
-        for optimizer in _with_wrapped(optimizers):
-            if isinstance(optimizer, opt.Optimizer):
-                made += state_ahead.make(optimizer, params)
+        for optimizer in _plain_optimizers(optimizers):
+            made += state_ahead.make(optimizer, params)
         return made
 
     @contextlib.contextmanager
@@ -421,9 +418,8 @@ class Model(Layer, metaclass=ModelMeta):
             # (the guard state, lr_value, ...) are declared too, so that the first trace takes
             # them as inputs (found by the trace instead, they would make it trace again)
             declared += tensors_in(optimizer.get_states())
-            for inner in _with_wrapped([optimizer]):
-                if isinstance(inner, opt.Optimizer):
-                    declared += inner._rebound_state()
+            for inner in _plain_optimizers([optimizer]):
+                declared += inner._rebound_state()
         static = tuple(o._static_key() for o in optimizers)
         opt_versions = [(o, o.states_version) for o in optimizers]
         # stored without __setattr__, which would bump the structure version
@@ -564,6 +560,12 @@ def _with_wrapped(optimizers: List[Any]) -> List[Any]:
     """The optimizers and, for a DistOpt, the optimizer it wraps (which holds the slots)."""
     return optimizers + [o.opt for o in optimizers if isinstance(getattr(o, "opt", None),
                                                                  opt.Optimizer)]
+
+
+def _plain_optimizers(optimizers: List[Any]) -> List[Any]:
+    """The :class:`~singa_jax.opt.Optimizer` objects among ``optimizers`` and those a DistOpt
+    wraps: the ones that hold their own state (slots, step counter, guard state)."""
+    return [o for o in _with_wrapped(optimizers) if isinstance(o, opt.Optimizer)]
 
 
 def _layer_tree(root: Layer) -> List[Layer]:

@@ -108,9 +108,6 @@ def compile_time_first() -> bool:
         return False
 
 
-_compile_time_first = compile_time_first  # (compile_options' argument shadows the name)
-
-
 @lru_cache(maxsize=None)
 def supported(platform: str, name: str, value: Hashable) -> bool:
     """Whether ``platform``'s compiler accepts the option (probed once, on a trivial program)."""
@@ -123,16 +120,16 @@ def supported(platform: str, name: str, value: Hashable) -> bool:
 
 
 def compile_options(platform: str, one_off: bool = False, program: Any = None,
-                    eager: bool = False, compile_time_first: Optional[bool] = None
+                    eager: bool = False, for_compile_time: Optional[bool] = None
                     ) -> Dict[str, Any]:
     """The options for a program on ``platform`` ('cpu', 'gpu', 'tpu'): the CPU ones (never on
     another backend; an eager kernel's when ``eager``), those of a compiled step when
     ``program`` (its ``jax.stages.Lowered``) is given and calls none of the functions that make
     them slower, plus the cheap-compile ones for a program that runs once (every program, with
-    no library fusions, under ``jax_disable_most_optimizations``; ``compile_time_first`` says
+    no library fusions, under ``jax_disable_most_optimizations``; ``for_compile_time`` says
     whether that flag counts, None: as set); only those this jaxlib supports."""
     options: Dict[str, Any] = {}
-    first = _compile_time_first() if compile_time_first is None else compile_time_first
+    first = compile_time_first() if for_compile_time is None else for_compile_time
     if platform == "cpu":
         host_memory.tune()  # XLA:CPU's buffers are host allocations (see host_memory)
         _choose(options, platform, COMPILE_FIRST_OPTIONS if first else

@@ -306,7 +306,7 @@ def _tiers_possible():
     """The quick options of the default backend (None: it has none, nothing to test)."""
     platform = jax.default_backend()
     return xla_options.quick_options(platform, xla_options.compile_options(
-        platform, compile_time_first=False))
+        platform, for_compile_time=False))
 
 
 def _program(net):
@@ -484,7 +484,7 @@ def test_a_failed_optimised_compile_leaves_the_quick_program_serving(monkeypatch
     if _tiers_possible() is None:
         pytest.skip("this backend has no quick compile options")
 
-    def fail(self, lowered):
+    def fail(self, lowered, after):
         raise RuntimeError("no memory left for the optimised program")
 
     monkeypatch.setattr(graph_tiers.Pending, "_compile", fail)

@@ -374,7 +374,7 @@ def test_state_rebound_to_a_new_shape_retraces():
 
 
 def test_unalias_copies_arrays_sharing_a_buffer():
-    from singa_jax.graph import _buffer_id, _unalias
+    from singa_jax.graph_layout import buffer_id as _buffer_id, unalias as _unalias
     a, b = jnp.ones(3), jnp.zeros(3)
     key = jax.random.PRNGKey(0)
     donated, others = [a, a, b, key], [b, key]

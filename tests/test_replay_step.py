@@ -84,6 +84,15 @@ def _build(optimizer, **kwargs):
     return net
 
 
+def _warm(net, x, y):
+    """Train ``net`` on ``(x, y)`` until its step is one replayed program (WARMUP calls);
+    returns the last call's ``(out, loss)``."""
+    for _ in range(WARMUP):
+        net.train()
+        result = net(x, y)
+    return result
+
+
 def _states(net):
     state = {k: tensor.to_numpy(v) for k, v in net.get_states().items()}
     state.update({f"opt/{k}": tensor.to_numpy(v)
@@ -133,9 +142,7 @@ def test_a_recurring_training_step_is_one_program_without_residuals_or_gradients
     monkeypatch.setattr(replay, "_compile", spy)
     net = _build(_sgd())
     x, y = _data()
-    for _ in range(WARMUP):
-        net.train()
-        net(x, y)
+    _warm(net, x, y)
     before = replay.stats()
     net.train()
     out, loss = net(x, y)
@@ -168,9 +175,7 @@ def test_a_second_backward_through_a_replayed_step_recomputes_its_residuals():
         with autograd.eager_replay(replayed):
             net = _build(_sgd())
             x, y = _data()
-            for _ in range(WARMUP):
-                net.train()
-                _, loss = net(x, y)
+            _, loss = _warm(net, x, y)
             before = replay.stats()["recomputed"]
             # SINGA keeps the graph: walk it again (its pullbacks saw the old parameters)
             grads = {p.name: tensor.to_numpy(g) for p, g in autograd.backward(loss)}
@@ -206,9 +211,7 @@ def test_an_apply_override_falls_back_and_equals_op_by_op():
 def test_a_non_finite_step_is_skipped_and_reported_inside_the_program():
     net = _build(_sgd())
     x, y = _data()
-    for _ in range(WARMUP):
-        net.train()
-        net(x, y)
+    _warm(net, x, y)
     before = _states(net)
     bad_x, _ = _data(nan=True)
     with warnings.catch_warnings():
@@ -311,9 +314,7 @@ def test_a_replayed_step_that_raises_after_its_update_leaves_the_state_as_it_was
     net.set_optimizer(_sgd())
     net.compile([_data()[0]], is_train=True, use_graph=False)
     x, y = _data()
-    for _ in range(WARMUP):
-        net.train()
-        net(x, y)
+    _warm(net, x, y)
     before = _states(net)
     net.fail = True
     with pytest.raises(RuntimeError, match="after the update"):

@@ -30,7 +30,6 @@ import time
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # examples/: common, mlp
@@ -98,8 +97,7 @@ def batch_placement(sgd, graph, dev):
     (opt/spmd.py), so it stays on the rank's device."""
     if graph and isinstance(sgd, opt.DistOpt) and sgd.world_size == 1 \
             and jax.local_device_count() > 1:
-        mesh = sgd.mesh  # the mesh the compiled step splits the batch over
-        return {'sharding': NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))}
+        return {'sharding': sgd.mesh}  # the loader splits the batch over all its axes
     return {'device': dev}
 
 

@@ -35,7 +35,7 @@ from ..device import get_default_device
 from ..dtypes import is_inexact
 from ..modes import fused_backward, is_backward_fused, is_grad_enabled, is_training  # noqa: F401
 from ..tensor import Tensor
-from ..tensor.handle import result_tensor
+from ..tensor.handle import CountView, result_tensor
 from ..xla_options import fuses_heavy_walks, kernel
 from .. import gc_tuning, replay
 from ..replay import Deferred, _ArrayImpl
@@ -46,13 +46,6 @@ __all__ = ["Operator", "Operation", "Dummy", "infer_dependency", "gradients", "b
 
 _op_names = [0]  # the next operator number (names ``Type#N``)
 _NEEDS: Dict[Tuple[bool, ...], Tuple[bool, ...]] = {}  # interned input_needs_grad masks
-
-
-class _ClassCount:
-    """``Operator.op_count``: the number of operators named so far, read from ``_op_names``."""
-
-    def __get__(self, obj: Any, cls: Any = None) -> int:
-        return _op_names[0]
 
 
 class Operator(Node):
@@ -67,10 +60,7 @@ class Operator(Node):
     declares it (see :class:`~singa_jax.autograd.function.Function`).
     """
 
-    # SINGA's count of operators named so far (read-only here: the count lives in _op_names,
-    # because writing a class attribute on every op would invalidate the interpreter's attribute
-    # caches of every Operator class)
-    op_count = _ClassCount()
+    op_count = CountView(_op_names)  # SINGA's count of operators named so far
     takes_arrays = False  # True: forward/backward see jax.Arrays instead of CTensors
     # True when an input depends on a PyTorch-style leaf (``Tensor.tracked``): the op then keeps
     # its backward state whatever ``autograd.training`` says (see autograd.torch_style)

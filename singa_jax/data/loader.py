@@ -65,11 +65,11 @@ def _sharding_of(device: Any, sharding: Placement, where: str) -> Sharding:
     return SingleDeviceSharding(jax_device)
 
 
-def _batch_ways(sharding: Sharding, ndim: int) -> int:
-    """Into how many pieces ``sharding`` splits the first axis of an ``ndim``-d batch."""
+def _batch_ways(sharding: Sharding) -> int:
+    """Into how many pieces ``sharding`` splits the first axis of a batch."""
     if isinstance(sharding, NamedSharding):
-        spec = tuple(sharding.spec) + (None,) * ndim
-        axes = spec[0]
+        spec = tuple(sharding.spec)
+        axes = spec[0] if spec else None
         if axes is None:
             return 1
         axes = axes if isinstance(axes, tuple) else (axes,)
@@ -99,17 +99,21 @@ class _ArraySource:
         count = self.num_batches if limit is None else min(limit, self.num_batches)
         bs = self.batch_size
         for step in range(count):
-            idx = order[step * bs:(step + 1) * bs]
-            contiguous = not self.shuffle
-            x = self.x[idx[0]:idx[0] + len(idx)] if contiguous else self.x[idx]
-            y = None if self.y is None else \
-                (self.y[idx[0]:idx[0] + len(idx)] if contiguous else self.y[idx])
-            rows = len(idx)
+            start = step * bs
+            # in order: a slice (a view, no gather); shuffled: the rows of the permutation
+            idx = order[start:start + bs] if self.shuffle else slice(start, start + bs)
+            x = self.x[idx]
+            y = None if self.y is None else self.y[idx]
+            rows = len(x)
             if rows < bs and self.pad_last:  # zeros keep the shape (and a compiled step)
-                x = np.concatenate([x, np.zeros((bs - rows,) + x.shape[1:], x.dtype)])
-                if y is not None:
-                    y = np.concatenate([y, np.zeros((bs - rows,) + y.shape[1:], y.dtype)])
+                x = _zero_pad(x, bs)
+                y = None if y is None else _zero_pad(y, bs)
             yield step, x, y, rows
+
+
+def _zero_pad(a: np.ndarray, rows: int) -> np.ndarray:
+    """``a`` with zero rows appended up to ``rows``."""
+    return np.concatenate([a, np.zeros((rows - len(a),) + a.shape[1:], a.dtype)])
 
 
 class _IterableSource:
@@ -399,14 +403,14 @@ class DeviceLoader:
 
     def _check(self, example_shape: Tuple[int, ...], dtype: Any,
                labels: Optional[Tuple[Tuple[int, ...], Any]]) -> None:
-        """Before anything runs: the placement splits the batch evenly, and the transform
-        accepts a batch (traced on shapes only: nothing is compiled or run)."""
+        """Before the first epoch: the placement splits the batch evenly, and the transform
+        accepts a batch (it is traced, compiled and run on a batch of zeros)."""
         source = self.source
         limit = source.num_batches if self._limit is None else min(self._limit,
                                                                    source.num_batches)
         self.batches_per_epoch = limit
         shape = (self.batch_size,) + tuple(example_shape)
-        ways = _batch_ways(self.sharding, len(shape))
+        ways = _batch_ways(self.sharding)
         if self.batch_size % ways or (not source.drop_last and not source.pad_last
                                       and (len(source.x) % self.batch_size) % ways):
             raise ValueError(f"DeviceLoader: the placement splits every batch over {ways} "
@@ -417,15 +421,15 @@ class DeviceLoader:
         if self.transform is None:
             self.output = jax.ShapeDtypeStruct(shape, dtype)
             return
-        x_spec = jax.ShapeDtypeStruct(shape, dtype)
-        self.output = jax.eval_shape(self._apply, np.zeros(3, np.uint32), x_spec)
         # Compile it now, on a batch of zeros (the program the batches will call): the first
         # epoch's first batch would otherwise wait for the compilation, and the loop would
-        # count compiling as waiting for input.
+        # count compiling as waiting for input. Tracing it checks the pieces' shapes: a bad
+        # piece raises here, before anything is compiled.
         started = time.perf_counter()
         zeros = jax.device_put(np.zeros(shape, dtype), self.sharding)
-        jax.block_until_ready(self._program(np.zeros(3, np.uint32), zeros))
+        out = jax.block_until_ready(self._program(np.zeros(3, np.uint32), zeros))
         self.compile_seconds = time.perf_counter() - started
+        self.output = jax.ShapeDtypeStruct(out.shape, out.dtype)
 
     def _producer(self, epoch: int) -> Callable[[Callable[[], bool]], Iterator[Any]]:
         """What an epoch's worker runs: the placed and transformed batches, in order."""

@@ -7,8 +7,8 @@ height and width). Random pieces draw one value per example (a crop offset, a fl
 key, so a batch's augmentation depends only on the key -- the loader derives it from
 ``(seed, epoch, step)`` (:func:`batch_key`) -- never on the batch's placement, the prefetch
 depth or thread timing. Shapes are checked when the transform is traced (the loader traces
-it, without running it, when it is built): a bad piece raises ``ValueError`` naming itself and
-the shapes it got.
+and compiles it when it is built): a bad piece raises ``ValueError`` naming itself and the
+shapes it got.
 
     transform = compose(random_shift(4), random_flip(), resize(224), cast('float16'))
     x = jax.jit(transform)(batch_key(0, epoch, step), x)   # what the loader does

@@ -131,7 +131,7 @@ class LayerMeta(type):
                 x = _first_tensor_in(args)
             if x is not None:
                 shape = x.shape
-                if not shape or 0 in shape:  # the test of _check_batch, its message not made
+                if not shape or 0 in shape:  # _check_batch's test, inlined: every call runs it
                     _check_batch(self, x)
             if not self.__dict__.get("_initialized", False):
                 self.initialize(*args, **kwargs)

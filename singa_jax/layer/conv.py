@@ -276,18 +276,16 @@ class BatchNorm2d(Layer):
         tensors = (self.scale, self.bias, self.running_mean, self.running_var)
         shape = x.shape
         # the usual call (the input's shape, device and dtype as the last time) in one test
-        if shape == self.__dict__.get("_handle_shape") and shape[1] == self.channels and \
-                self._on_device_and_dtype_of(x, *tensors):
-            return autograd.batchnorm_2d(self.handle, x, *tensors)
-        self._check_input(x)
-        self.device_check(x, *tensors)
-        self.dtype_check(x, *tensors)
-        if getattr(self, "_handle_shape", None) != x.shape:
-            handle_cls = _backend(x, autograd.BatchNormHandle, autograd.CudnnBatchNormHandle)
-            self.handle = handle_cls(self.momentum, x.array)
-            self._handle_shape = x.shape
-        return autograd.batchnorm_2d(self.handle, x, self.scale, self.bias, self.running_mean,
-                                     self.running_var)
+        if not (shape == self.__dict__.get("_handle_shape") and shape[1] == self.channels
+                and self._on_device_and_dtype_of(x, *tensors)):
+            self._check_input(x)
+            self.device_check(x, *tensors)  # both change the tensors in place
+            self.dtype_check(x, *tensors)
+            if getattr(self, "_handle_shape", None) != shape:
+                handle_cls = _backend(x, autograd.BatchNormHandle, autograd.CudnnBatchNormHandle)
+                self.handle = handle_cls(self.momentum, x.array)
+                self._handle_shape = shape
+        return autograd.batchnorm_2d(self.handle, x, *tensors)
 
 
 class Pooling2d(_Windowed):

@@ -201,9 +201,13 @@ class Optimizer:
         """The loss scale's state Tensor (fields ``_SCALE_FIELDS``), made on first use."""
         state = self.__dict__.get("_loss_scale")
         if state is None:
-            state = self._loss_scale = _state_tensor(
-                jnp.array([self.init_loss_scale, 0.0], jnp.float32), self.step_counter.device)
+            state = self._loss_scale = _state_tensor(self._initial_scale(),
+                                                     self.step_counter.device)
         return state
+
+    def _initial_scale(self) -> np.ndarray:
+        """The loss scale's state a scaled run starts from: the scale, no clean steps yet."""
+        return np.array([self.init_loss_scale, 0.0], np.float32)
 
     def _gradients(self, loss: Tensor) -> List[Tuple[Tensor, Tensor]]:
         """Back-propagate from ``loss`` -- times the loss scale when loss-scaled (the update

@@ -67,7 +67,7 @@ def record_update(optimizer: Any, device: Device, triples: Sequence[Tuple[Any, T
         arrays.append(scale_state._data)
     scaling = scale_state is not None
     spec = (type(optimizer)._rule, optimizer._config(), optimizer._decay_on(), schedules, names,
-            len(triples), per, guard, len(checked), guard, scaling,
+            len(triples), per, guard, len(checked), scaling,
             optimizer.loss_scale_growth_interval if scaling else 0)
     new_ps, new_slots, new_skip, new_scale = replay.run(_recorded_update_kernel, (spec,),
                                                         arrays, device)

@@ -16,6 +16,7 @@ its trace compiled, over exactly those Tensors, then serves it without a second 
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -44,7 +45,7 @@ def make(optimizer: Optimizer, params: Sequence[Tensor]) -> List[Tensor]:
         return made
     kinds = optimizer._active_slot_kinds()
     names = [_param_name(p) for p in params]
-    repeated = {n for n in names if names.count(n) > 1}
+    repeated = {n for n, count in Counter(names).items() if count > 1}
     kept = _KEPT.setdefault(optimizer, {})
     ahead: Dict[int, Tuple[str, str]] = {}  # id(slot) -> (kind, key), for drop()
     for p, name in zip(params, names):
@@ -60,7 +61,7 @@ def make(optimizer: Optimizer, params: Sequence[Tensor]) -> List[Tensor]:
             if key in slots:
                 continue
             slot = kept.get((kind, key))
-            zeros = p.device.put(np.zeros(p.shape, p.dtype))
+            zeros = p.device.put(np.zeros(p.shape, p.dtype), private=True)
             if slot is None or slot.shape != p.shape or slot.dtype != p.dtype:
                 slot = kept[(kind, key)] = _state_tensor(zeros, p.device)
             else:
@@ -73,8 +74,7 @@ def make(optimizer: Optimizer, params: Sequence[Tensor]) -> List[Tensor]:
         if scale is None:
             scale = kept[("_loss_scale", "")] = optimizer._scale_state()
         else:
-            scale._data = scale.device.put(np.array([optimizer.init_loss_scale, 0.0],
-                                                    np.float32))
+            scale._data = scale.device.put(optimizer._initial_scale(), private=True)
             optimizer._loss_scale = scale
         made.append(scale)
     if made:

@@ -216,15 +216,15 @@ def _recorded_update(spec: Tuple, *arrays: jax.Array):
     """:func:`_fused_update` over flat arrays, for eager replay to record into the segment of
     the step's forward and backward walk (see ``Optimizer._update_pairs``): ``spec`` is
     ``(rule, config, decay, schedules, hyper names, params, slots per param, guard, checked,
-    has skip_state, has loss_scale, growth_interval)`` and ``arrays`` are the hyper values,
-    the step, the params, the grads, the slots, the checked arrays, then the skip state and
+    has loss_scale, growth_interval)`` and ``arrays`` are the hyper values, the step, the
+    params, the grads, the slots, the checked arrays, then the skip state (with the guard) and
     the loss scale where present.
 
     The guard takes its ``lax.cond`` form (``in_place``): in one program with the gradients'
     sums, the per-array select form compiles superlinearly in the number of arrays (200
     params: 15 s against 1.5 s), as it did with the test inside the update kernel (see
     :data:`SEPARATE_TEST_FROM`)."""
-    (rule, config, decay, schedules, names, n, per, guard, n_checked, has_skip, has_scale,
+    (rule, config, decay, schedules, names, n, per, guard, n_checked, has_scale,
      growth_interval) = spec
     it = iter(arrays)
     hyper = {name: next(it) for name in names}
@@ -233,7 +233,7 @@ def _recorded_update(spec: Tuple, *arrays: jax.Array):
     grads = [next(it) for _ in range(n)]
     slots = [tuple(next(it) for _ in range(per)) for _ in range(n)]
     checked = tuple(next(it) for _ in range(n_checked))
-    skip_state = next(it) if has_skip else None
+    skip_state = next(it) if guard else None
     loss_scale = next(it) if has_scale else None
     return _fused_update(rule, config, decay, schedules, hyper, step, params, grads, slots, guard,
                          checked, skip_state, True, loss_scale=loss_scale,

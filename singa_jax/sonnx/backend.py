@@ -44,7 +44,7 @@ from .ops import OpSpec, UnsupportedOnnx, jax_dtype
 from .program import (GraphProgram, HostValues, OnnxAttributes, OnnxNode, ValueInfo,
                       lookup_spec)
 from .sequence_ops import (SEQUENCE, base_kind, feed_value, map_tensors, output_value,
-                           run_node_type)
+                           run_node_type, value_kind)
 from .singa_names import RENAME_OPERATORS
 
 __all__ = ["OnnxNode", "OnnxAttributes", "GraphProgram", "GraphOp", "GraphWeights", "SingaBackend", "SingaRep",
@@ -529,7 +529,8 @@ class SingaBackend(Backend):
         types = [run_node_type(node, i, opset_version, v) for (i, _), v in zip(named, inputs)]
         vis = [helper.make_value_info(n, tp) for (_, n), tp in zip(named, types)]
         arrays = [None if v is None else [np.asarray(a) for a in v]
-                  if _sequence_type(tp) else np.asarray(v) for v, tp in zip(inputs, types)]
+                  if base_kind(value_kind(tp, n)[0]) == SEQUENCE else np.asarray(v)
+                  for v, tp, (_, n) in zip(inputs, types, named)]
         outs = [onnx.ValueInfoProto(name=n) for n in node.output if n]
         graph = helper.make_graph([node], "run_node", vis, outs)
         # the IR version of the opset, not onnx's newest: the model stays loadable by any
@@ -538,13 +539,6 @@ class SingaBackend(Backend):
         model = onnx.shape_inference.infer_shapes(model)  # types the outputs for the checker
         rep = SingaBackend.prepare(model, device)
         return collections.OrderedDict(zip([o.name for o in outs], rep.run(arrays)))
-
-
-def _sequence_type(tp: onnx.TypeProto) -> bool:
-    """Whether ``tp`` is a sequence type, or an optional of one."""
-    if tp.HasField("optional_type"):
-        tp = tp.optional_type.elem_type
-    return tp.HasField("sequence_type")
 
 
 def _default_opset(model: onnx.ModelProto) -> int:

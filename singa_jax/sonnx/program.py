@@ -8,6 +8,7 @@ Values are arrays, or for ONNX's sequence and optional types tuples of arrays an
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import jax
@@ -263,17 +264,16 @@ class GraphProgram:
 
     @staticmethod
     def _run_node(node: OnnxNode, spec: OpSpec, call: NodeCall, args: List[Any]):
-        folded = (node.op_type in _SHAPE_OPS and args and args[0] is not None) or \
+        shape_op = node.op_type in _SHAPE_OPS
+        folded = (shape_op and args and args[0] is not None) or \
             (not spec.needs_key and all(is_known(a) for a in args))
-        if node.op_type in _SHAPE_OPS:
+        if shape_op:  # reads only static structure: runs on the host, whatever its inputs
             out = spec.fn(call, *args)
-        elif folded:
-            with jax.ensure_compile_time_eval():
+        else:
+            # a node of known inputs is folded to constants while tracing
+            with jax.ensure_compile_time_eval() if folded else contextlib.nullcontext():
                 out = spec.fn(call, *[a if i in spec.static else _as_dynamic(a)
                                       for i, a in enumerate(args)])
-        else:
-            out = spec.fn(call, *[a if i in spec.static else _as_dynamic(a)
-                                  for i, a in enumerate(args)])
         outs = out if isinstance(out, tuple) else (out,)
         if folded:
             outs = tuple(map_tensors(np.asarray, o) for o in outs)
@@ -312,10 +312,5 @@ class HostValues:
         return isinstance(other, HostValues) and self._key == other._key
 
 
-
 def _content_key(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return tuple(_content_key(v) for v in value)
-    if value is None:
-        return None
-    return value.dtype.str, value.shape, value.tobytes()
+    return map_tensors(lambda v: (v.dtype.str, v.shape, v.tobytes()), value)

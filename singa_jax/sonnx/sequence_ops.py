@@ -111,9 +111,7 @@ def map_tensors(fn: Callable[[Any], Any], value: Any) -> Any:
 
 def shapes_of(value: Any) -> Any:
     """A value's shape for error messages: a tuple, a list of them (a sequence) or None."""
-    if isinstance(value, tuple):
-        return [tuple(np.shape(v)) for v in value]
-    return None if value is None else tuple(np.shape(value))
+    return output_value(value, lambda v: tuple(np.shape(v)))
 
 
 # ------------------------------------------------------------------------------------------
@@ -302,13 +300,9 @@ def _check_concat_from_sequence(call):
     return None if new_axis in (0, 1) else f"new_axis={new_axis}"
 
 
-def _identity(call, x):
-    """The input (a tensor, sequence or optional)."""
-    return (x,)
-
-
-def _optional(call, x=None):
-    """An optional holding the input, or empty (of attribute type) without one."""
+def _identity(call, x=None):
+    """The input (a tensor, sequence or optional). As Optional: an optional holding the input,
+    or empty (None; of attribute type) without one."""
     return (x,)
 
 
@@ -355,7 +349,7 @@ register("ConcatFromSequence", _concat_from_sequence, attrs=("axis", "new_axis")
          doc="concatenate along axis (new_axis=1: stack along a new axis)")
 # Identity lives here: its input may be a sequence or an optional
 register("Identity", _identity, doc="the input (a tensor, sequence or optional)")
-register("Optional", _optional, attrs=("type",), check=_check_optional,
+register("Optional", _identity, attrs=("type",), check=_check_optional,
          doc="an optional holding the input, or empty (of attribute type) without one")
 register("OptionalHasElement", _optional_has_element,
          doc="whether the input holds a value (a constant)")

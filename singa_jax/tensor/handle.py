@@ -58,11 +58,16 @@ def _as_shape(shape: ShapeLike) -> Tuple[int, ...]:
 _tensor_names = [0]  # the next automatic tensor number (names ``Dummy#N``)
 
 
-class _ClassCount:
-    """``Tensor.tensor_count``: the number of tensors named automatically so far."""
+class CountView:
+    """A read-only class attribute showing a module's counter (a one-element list): SINGA's
+    ``Tensor.tensor_count`` and ``Operator.op_count``, kept outside the class because writing a
+    class attribute per object would invalidate the interpreter's attribute caches of it."""
+
+    def __init__(self, counter: list):
+        self.counter = counter
 
     def __get__(self, obj: Any, cls: Any = None) -> int:
-        return _tensor_names[0]
+        return self.counter[0]
 
 
 class InvalidIndex(IndexError, ValueError):
@@ -177,10 +182,7 @@ class Tensor:
     NumPy broadcasting; comparisons give 0/1 in the left operand's dtype, as SINGA's do.
     """
 
-    # SINGA's count of automatically named tensors (read-only here: the count lives in
-    # _tensor_names, because writing a class attribute per tensor would invalidate the
-    # interpreter's attribute caches of Tensor)
-    tensor_count = _ClassCount()
+    tensor_count = CountView(_tensor_names)  # SINGA's count of automatically named tensors
     __array_priority__ = 100  # make ndarray (op) Tensor defer to Tensor's reflected operators
     __array_ufunc__ = None    # ... for every NumPy operator, ufuncs included
     # PyTorch-style autograd (see singa_jax.autograd.torch_style): True for a leaf made by
