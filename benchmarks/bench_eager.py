@@ -26,7 +26,14 @@ about its sixth call, so every variant is warmed up ``WARMUP`` calls. ``--torch-
 sets PyTorch's intra-op threads (default: PyTorch's own choice). Usage::
 
     python benchmarks/bench_eager.py [--nets deep,resnet50] [--steps 30] [--rounds 3]
-        [--batch 64] [--depth 100] [--gc-freeze] [--torch-threads N]
+        [--batch 64] [--depth 100] [--gc-freeze] [--torch-threads N] [--pieces 0,32,128]
+        [--split]
+
+``--pieces`` adds eager variants whose replayed segments are dispatched every N recorded calls
+(``xla_options.REPLAY_PIECE_CALLS``; 0: one program a step): on an accelerator the device
+runs each piece while the host records the next. ``--split`` prints each training step's
+time until its call returns (the host's recording, and on an accelerator the program's
+dispatch: the device is then running it) and then waiting for its results.
 """
 from __future__ import annotations
 
@@ -38,12 +45,12 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Sequence
 
 import jax
 import numpy as np
 
-from singa_jax import autograd, device, gc_tuning, layer, model, opt, tensor
+from singa_jax import autograd, device, gc_tuning, layer, model, opt, tensor, xla_options
 from torch_child import step_times
 
 LR, MOMENTUM = 0.05, 0.9
@@ -181,8 +188,29 @@ def torch_times(net_kind: str, batch: int, depth: int, steps: int,
 
 
 # --- timing ----------------------------------------------------------------------------------
+def _print_split(net_kind: str, nets: Dict[str, model.Model], x: tensor.Tensor,
+                 y: tensor.Tensor, held: Dict[str, list], steps: int) -> None:
+    """Where a training step's time goes: until the call returns (the host's work; on an
+    accelerator the step's program is then dispatched and running) and then waiting for every
+    result. On a CPU the program runs inside the call."""
+    for key, net in nets.items():
+        until, total = [], []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            net.train()
+            _, loss = net(x, y)
+            t1 = time.perf_counter()
+            jax.block_until_ready([loss.array] + [t.array for t in held[key]])
+            until.append(t1 - t0)
+            total.append(time.perf_counter() - t0)
+        until_ms, total_ms = statistics.median(until) * 1e3, statistics.median(total) * 1e3
+        print(f"[{net_kind}] {key} train split: {total_ms:.2f} ms = {until_ms:.2f} until the "
+              f"call returns + {total_ms - until_ms:.2f} waiting (medians of {steps})")
+
+
 def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
-          gc_freeze: bool = False, torch_threads: int = 0) -> Dict[str, float]:
+          gc_freeze: bool = False, torch_threads: int = 0,
+          pieces: Sequence[int] = (), split: bool = False) -> Dict[str, float]:
     rng = np.random.default_rng(0)
     shape = _shape(net_kind, batch, depth)
     x = tensor.from_numpy(rng.standard_normal(shape).astype(np.float32))
@@ -207,10 +235,30 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
     def op_by_op(fn: Callable[[], None]) -> Callable[[], None]:
         return autograd.eager_replay(False)(fn)
 
+    platform = jax.devices()[0].platform
+
+    def in_pieces(fn: Callable[[], None], calls: int) -> Callable[[], None]:
+        """``fn`` with replay's segments dispatched every ``calls`` calls (0: one program)."""
+        def run():
+            table = xla_options.REPLAY_PIECE_CALLS
+            had, before = platform in table, table.get(platform)
+            table[platform] = calls or None
+            try:
+                fn()
+            finally:
+                if had:
+                    table[platform] = before
+                else:
+                    del table[platform]
+        return run
+
     variants = {"eager train": trainer(eager, "eager"), "graph train": trainer(graph, "graph"),
                 "op-by-op train": op_by_op(trainer(eager, "eager")),
                 "eager eval": evaluator(eager), "graph eval": evaluator(graph),
                 "op-by-op eval": op_by_op(evaluator(eager))}
+    for calls in pieces:
+        variants[f"eager train p{calls}"] = in_pieces(trainer(eager, "eager"), calls)
+        variants[f"eager eval p{calls}"] = in_pieces(evaluator(eager), calls)
     held["eager"], held["graph"] = _state(eager), _state(graph)
     for fn in variants.values():
         fn()
@@ -237,15 +285,19 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
             torch_t[k] += v
     if torch_t["train"]:
         times["torch train"], times["torch eval"] = torch_t["train"], torch_t["eval"]
+    if split:
+        _print_split(net_kind, {"eager": eager, "graph": graph}, x, y, held, per_round)
     med = {k: statistics.median(v) for k, v in times.items()}
     mean = {k: statistics.fmean(v) for k, v in times.items()}
     dev = jax.devices()[0]
-    print(f"[{net_kind}] {dev.platform} ({dev.device_kind}); {n_ops} operators per forward"
+    piece = xla_options.replay_piece_calls(dev.platform)
+    print(f"[{net_kind}] {dev.platform} ({dev.device_kind}); {n_ops} operators per forward; "
+          f"replay dispatches {f'every {piece} calls' if piece else 'one program a step'}"
           f"{'; gc.freeze() after the warm-up' if gc_freeze else ''}; singa_jax's GC tuning "
           f"{'on' if gc_tuning.tuned() else 'off'}; load average {os.getloadavg()[0]:.1f}")
     for k, v in med.items():
         # (the mean includes Python's full garbage collections, which a median skips)
-        print(f"[{net_kind}] {k:12s} median {v * 1e3:9.3f} ms   mean {mean[k] * 1e3:9.3f} ms")
+        print(f"[{net_kind}] {k:16s} median {v * 1e3:9.3f} ms   mean {mean[k] * 1e3:9.3f} ms")
     print(f"[{net_kind}] host time per operator, eval forward: eager (replay) "
           f"{med['eager eval'] / n_ops * 1e6:.1f} us, op by op "
           f"{med['op-by-op eval'] / n_ops * 1e6:.1f} us")
@@ -274,6 +326,12 @@ def main() -> None:
                     help="gc.freeze() after the warm-up (see the module docstring)")
     ap.add_argument("--torch-threads", type=int, default=0,
                     help="PyTorch's intra-op threads (0: PyTorch's default)")
+    ap.add_argument("--pieces", default="",
+                    help="also time eager mode with replay dispatching every N calls, for "
+                         "each N of this comma list (0: one program a step)")
+    ap.add_argument("--split", action="store_true",
+                    help="also print each training step's time until its call returns and "
+                         "then waiting for its results (eager and graph)")
     ap.add_argument("--torch-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_child:
@@ -282,7 +340,8 @@ def main() -> None:
     print(f"jax {jax.__version__}; {jax.devices()[0]}")
     for net_kind in args.nets.split(","):
         bench(net_kind.strip(), args.batch, args.depth, args.steps, args.rounds,
-              args.gc_freeze, args.torch_threads)
+              args.gc_freeze, args.torch_threads,
+              [int(n) for n in args.pieces.split(",") if n.strip()], args.split)
 
 
 if __name__ == "__main__":

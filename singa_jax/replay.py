@@ -15,7 +15,9 @@ training step's forward, fused backward walk and update), keeping eager semantic
   a value), a backward pass or an optimizer update starts that is not recorded itself (a fused
   walk and the update that follows it are: see :func:`soften`), an optimizer's call ends, a
   Model call ends, graph mode or a transaction begins, another device is used, or the segment
-  reaches :data:`MAX_RECORDS`. Every output still referenced is computed and every Tensor
+  reaches :data:`MAX_RECORDS` -- on an accelerator, a piece of
+  :data:`~singa_jax.xla_options.REPLAY_PIECE_CALLS` calls: the device runs each piece while the
+  host records the next. Every output still referenced is computed and every Tensor
   rebound to its array, so after a flush no Tensor holds a placeholder.
 * **Soft outputs.** A recorded backward walk marks the pullback states it read *soft*: a soft
   output no Tensor holds is not computed at the flush (only pullbacks hold it, and the walk has
@@ -54,8 +56,9 @@ except ImportError:  # another JAX layout: nothing is recorded (every op runs at
     class _ArrayImpl:  # type: ignore[no-redef]
         pass
 
-from .modes import current_trace_hook, in_compile_time_eval, is_eager_replay
-from .xla_options import kernel, no_trace_running
+from .modes import (current_trace_hook, in_compile_time_eval, is_eager_replay, is_grad_enabled,
+                    is_training)
+from .xla_options import kernel, no_trace_running, replay_piece_calls
 
 __all__ = ["Deferred", "run", "flush", "bind", "bind_all", "pending", "soften", "resolve_tree",
            "stats", "MAX_RECORDS", "MIN_RECORDS", "COMPILE_ON"]
@@ -143,11 +146,17 @@ _ROOT = _Step(None, None)
 class _Segment:
     """The pending kernel calls of one thread on one device."""
 
-    __slots__ = ("device", "calls", "step", "externals", "leaves", "tensors", "bound", "done",
-                 "soft", "recomputed")
+    __slots__ = ("device", "limit", "calls", "step", "externals", "leaves", "tensors", "bound",
+                 "done", "soft", "recomputed")
 
     def __init__(self, device: Any):
         self.device = device
+        # calls after which it is dispatched: on an accelerator, a piece of a sequence that
+        # keeps no backward state (an evaluation forward), which runs while the host records
+        # the next (see xla_options.REPLAY_PIECE_CALLS); else MAX_RECORDS
+        piece = None if is_training() and is_grad_enabled() else \
+            replay_piece_calls(getattr(device, "platform", "cpu"))
+        self.limit = MAX_RECORDS if piece is None else min(piece, MAX_RECORDS)
         # (call, statics, inputs): each input an int (an earlier output's index in ``leaves``)
         # or, for an outside input, its aval (the array itself is the next of ``externals``)
         self.calls: List[Tuple[Callable, Tuple, Tuple]] = []
@@ -161,13 +170,16 @@ class _Segment:
         self.soft = False  # whether any output is soft (see soften)
         self.recomputed: Optional[List[jax.Array]] = None  # every output, once recomputed
 
-    def flush(self) -> None:
+    def flush(self, full: bool = False) -> None:
+        """Run the recorded calls and rebind the Tensors holding their outputs; ``full``: the
+        segment reached its :attr:`limit`, the sequence goes on (recording stays on)."""
         if self.done:
             return
         self.done = True
         if _local.segment is self:
             _local.segment = None
-            _sequence_ended(len(self.calls))
+            if not full:
+                _sequence_ended(len(self.calls))
         if not self.calls:
             return
         leaves = self.leaves
@@ -388,8 +400,8 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
     segment.calls.append(step.key)
     segment.step = step
     _stats["recorded"] += 1
-    if len(segment.calls) >= MAX_RECORDS:
-        segment.flush()
+    if len(segment.calls) >= segment.limit:
+        segment.flush(full=True)
     return out
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from backend_precision import two_programs_tolerance
-from singa_jax import autograd, device, layer, model, opt, replay, tensor
+from singa_jax import autograd, device, layer, model, opt, replay, tensor, xla_options
 from singa_jax.autograd import engine
 from singa_jax.opt import update
 from singa_jax.opt.optimizers import NonFiniteStepWarning
@@ -167,6 +167,38 @@ def test_replayed_steps_equal_op_by_op(make_optimizer):
     _assert_same(replayed[:2], plain[:2])
     losses = [float(np.ravel(v)[0]) for v in replayed[0]]
     assert losses[-1] < losses[0]
+
+
+def test_an_evaluation_forward_is_dispatched_in_pieces_and_a_training_step_is_not(monkeypatch):
+    """On an accelerator a recorded segment that keeps no backward state is dispatched every
+    REPLAY_PIECE_CALLS calls (the device runs it while the host records the rest); a training
+    step stays one program. Forced here on the default device, pieces of 3 calls: each
+    recurring piece is its own compiled program and the forward still equals op by op."""
+    monkeypatch.setattr(xla_options, "_PIECE_ENV", None)  # (SINGA_JAX_REPLAY_PIECE ignored)
+    assert xla_options.replay_piece_calls("cpu") is None  # the CPU's own rule: one program
+    assert xla_options.replay_piece_calls("gpu") == xla_options.REPLAY_PIECE_CALLS_ELSEWHERE
+    monkeypatch.setitem(xla_options.REPLAY_PIECE_CALLS,
+                        device.get_default_device().platform, 3)
+    net = _build(_sgd())
+    x, y = _data()
+    with autograd.eager_replay(True):
+        _warm(net, x, y)
+        before = replay.stats()
+        net.train()
+        net(x, y)
+        after = replay.stats()
+        assert after["replayed"] - before["replayed"] == 1  # the training step: one program
+        net.eval()
+        for _ in range(3):
+            before = replay.stats()
+            pieces = tensor.to_numpy(net(x))
+            after = replay.stats()
+    # 9 forward calls in pieces of 3: three programs, each replayed, none op by op
+    assert after["replayed"] - before["replayed"] == 3
+    assert after["op_by_op"] == before["op_by_op"]
+    with autograd.eager_replay(False):
+        plain = tensor.to_numpy(net(x))
+    np.testing.assert_allclose(pieces, plain, **_close())
 
 
 def test_a_second_backward_through_a_replayed_step_recomputes_its_residuals():
