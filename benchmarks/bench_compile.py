@@ -30,6 +30,9 @@ without, or both, alternating (``both``: the ratios of each). ``--baseline DIR``
 same turns, a run of another checkout's singa_jax (its folder put first on ``PYTHONPATH``, e.g.
 ``git archive HEAD | tar -x -C DIR``): before against after on one loaded machine.
 
+``--unguarded`` adds, in the same turns, a run with the optimizer's non-finite guard off
+(``skip_nonfinite = False``, SINGA's update): what the guard costs the first step.
+
 ``--torch N`` also times N steps of PyTorch's eager ResNet of the same layers (SGD with
 momentum, batch ``--batch``), in its own process, after one warm-up step: the steady step
 to compare the "second call" with (ResNets only; skipped without torch).
@@ -73,7 +76,9 @@ def _child(name: str, batch: int, steps: int) -> None:
     imported = time.perf_counter()
     device.get_default_device().SetRandSeed(0)
     net = create(num_channels=channels) if name != "cnn" else create(num_channels=channels)
-    net.set_optimizer(opt.SGD(lr=0.01, momentum=0.9))
+    sgd = opt.SGD(lr=0.01, momentum=0.9)
+    sgd.skip_nonfinite = os.environ.get("SINGA_BENCH_UNGUARDED") != "1"
+    net.set_optimizer(sgd)
     rng = np.random.default_rng(0)
     x = tensor.from_numpy(rng.standard_normal((batch, channels, size, size)).astype(np.float32))
     y = tensor.from_numpy(rng.integers(0, 10, batch).astype(np.int32))
@@ -159,6 +164,8 @@ def _run(name: str, batch: int, cache_dir: str, steps: int, tiers: Optional[str]
     env["SINGA_JAX_COMPILATION_CACHE"] = cache_dir
     if tiers == "baseline":
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [baseline, env.get("PYTHONPATH")]))
+    elif tiers == "unguarded":
+        env["SINGA_BENCH_UNGUARDED"] = "1"
     elif tiers is not None:
         env["SINGA_JAX_TIERED_COMPILE"] = "1" if tiers == "on" else "0"
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name,
@@ -190,7 +197,7 @@ def _report_reference(name: str, ref: dict) -> None:
 
 
 def _tag(cache: str, tiers: Optional[str]) -> str:
-    names = {"on": "tiered", "off": "once", "baseline": "before"}
+    names = {"on": "tiered", "off": "once", "baseline": "before", "unguarded": "unguard"}
     return cache if tiers is None else f"{cache} {names[tiers]}"
 
 
@@ -212,6 +219,9 @@ def main() -> None:
                          "the environment says")
     ap.add_argument("--baseline", metavar="DIR",
                     help="also run the singa_jax of this checkout (before/after)")
+    ap.add_argument("--unguarded", action="store_true",
+                    help="also run singa_jax without the non-finite guard (skip_nonfinite="
+                         "False): what the guard costs the first step")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--torch-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -229,6 +239,8 @@ def main() -> None:
         variants = {"both": ["on", "off"], "default": [None]}.get(args.tiers, [args.tiers])
         if args.baseline:
             variants.append("baseline")
+        if args.unguarded:
+            variants.append("unguarded")
         ratios: dict = {v: [] for v in variants}
         for _ in range(args.repeat):
             with_ref = not args.no_reference and name in REFERENCE_DEPTHS and \
