@@ -670,10 +670,14 @@ class GraphRunner:
 
     @staticmethod
     def _undo_trace(state, originals, devices, original_keys, recorder: _Recorder) -> None:
-        """After a failed trace: no Tensor the user can see may keep a tracer."""
+        """After a failed trace no Tensor the user can see keeps a tracer: the declared state
+        and every undeclared Tensor the step wrote hold what they held before the step; a
+        Tensor the step created, whose value was never computed, holds zeros."""
         _restore(state, originals, devices, original_keys)
-        for t in list(recorder.undeclared_written.values()) + recorder.alive_created(set()):
-            if _is_tracer(t.array):  # value was never computed: fall back to zeros
+        written = list(recorder.undeclared_written.values())
+        recorder.put_back_written(written)
+        for t in written + recorder.alive_created(set()):
+            if _is_tracer(t.array):  # a value never computed: zeros
                 t.array = jax.numpy.zeros(t.shape, t.dtype)
 
     # -- running -----------------------------------------------------------------------------

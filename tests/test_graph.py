@@ -287,6 +287,24 @@ def test_undeclared_written_tensor_gets_concrete_value():
     assert float(counter.array) == 15.0
 
 
+def test_a_failed_trace_gives_an_undeclared_written_tensor_its_value_back():
+    """A step that writes a Tensor nobody declared and then fails to trace (a branch on a
+    traced value) leaves that Tensor as it was before the call, not zeros."""
+    counter = Tensor(data=np.float32(5), requires_grad=False)  # undeclared, written
+    runner = GraphRunner()
+    x, _ = batch(0)
+
+    def step(a):
+        counter.array = counter.array + 1.0
+        float(np.asarray(a.array).sum())  # reads a value: this step cannot be traced
+        return a
+
+    with pytest.raises(GraphModeError):
+        runner.run(step, "f", (x,), {}, [], False)
+    assert not isinstance(counter.array, jax.core.Tracer)
+    assert float(counter.array) == 5.0
+
+
 def test_lazily_created_slots_become_state():
     net, opt, runner = Net(dropout=False), MomentumSGD(), GraphRunner()
     declared = list(net.get_states().values()) + tensors_in(opt)
