@@ -261,6 +261,18 @@ def test_an_error_in_the_thread_is_raised_by_next_with_its_cause():
     with pytest.raises(RuntimeError, match="2 inputs but 3 labels"):
         next(iter(mismatched))
 
+    class Interrupted(BaseException):  # not an Exception: caught by the thread itself
+        pass
+
+    def interrupted():
+        yield np.zeros((2, 3), np.float32), np.zeros(2, np.int32)
+        raise Interrupted("stop")
+
+    batches = data.DeviceLoader.from_batches(interrupted()).epoch(3)
+    next(batches)
+    with pytest.raises(RuntimeError, match=r"failed at epoch 3: Interrupted: stop"):
+        next(batches)
+
 
 @two_devices
 def test_sharded_batches_are_split_over_both_devices():

@@ -164,11 +164,13 @@ class _Worker:
     :class:`EpochBatches` reading it, so an abandoned reader is collected and stops it."""
 
     def __init__(self, produce: Callable[[Callable[[], bool]], Iterator[Any]], capacity: int,
-                 name: str):
+                 epoch: int):
+        self.epoch = epoch  # (named in a failure the producer did not place itself)
         self.queue: "queue.Queue[Any]" = queue.Queue(capacity)
         self.stopped = threading.Event()
         self._produce = produce
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"DeviceLoader epoch {epoch}",
+                                       daemon=True)
         _LIVE.add(self)
         self.thread.start()
 
@@ -188,7 +190,7 @@ class _Worker:
                     return
             self._put(_END)
         except BaseException as e:  # noqa: BLE001 -- handed to the reader, which re-raises it
-            self._put(e if isinstance(e, _Failure) else _Failure(e, -1, None))
+            self._put(e if isinstance(e, _Failure) else _Failure(e, self.epoch, None))
 
     def stop(self, wait: bool = True) -> None:
         self.stopped.set()
@@ -229,8 +231,7 @@ class EpochBatches:
         self.step = 0
         self._has_y = loader.has_labels
         self._closed = False
-        self._worker = _Worker(loader._producer(self.epoch), loader.prefetch,
-                               f"DeviceLoader epoch {self.epoch}")
+        self._worker = _Worker(loader._producer(self.epoch), loader.prefetch, self.epoch)
 
     def __iter__(self) -> "EpochBatches":
         return self
