@@ -34,7 +34,6 @@ import numpy as np
 from torch_child import child_step_times, print_step_times
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_EXAMPLES = os.path.join(os.path.dirname(_HERE), "examples")
 BLOCK_STEPS = 5  # steps of one variant before the next variant's turn
 
 
@@ -83,17 +82,13 @@ def torch_times(depth: int, batch: int, size: int, steps: int, dtype: str,
 def singa_stepper(depth: int, batch: int, size: int, dtype: str) -> Callable[[], None]:
     """SINGA's example ResNet in graph mode, compiled with ``autocast`` (None for float32)."""
     import jax
-    sys.path[:0] = [os.path.join(_EXAMPLES, "cnn"), _EXAMPLES]
-    from model import resnet
-    from singa_jax import device, opt, tensor
-    device.get_default_device().SetRandSeed(0)
-    net = {18: resnet.resnet18, 50: resnet.resnet50}[depth](num_channels=3, input_size=size)
-    net.set_optimizer(opt.SGD(lr=0.01, momentum=0.9))
+    import resnet_jax
+    from singa_jax import tensor
+    net = resnet_jax.singa_model(depth, batch, size,
+                                 autocast=None if dtype == "float32" else dtype)
     rng = np.random.default_rng(0)
     tx = tensor.from_numpy(rng.standard_normal((batch, 3, size, size)).astype(np.float32))
     ty = tensor.from_numpy(rng.integers(0, 10, batch).astype(np.int32))
-    net.compile([tx], is_train=True, use_graph=True,
-                autocast=None if dtype == "float32" else dtype)
 
     def step() -> None:
         _, loss = net(tx, ty)

@@ -253,14 +253,18 @@ def state_from(net: Any, depth: int) -> Tuple[Dict[str, np.ndarray], Dict[str, n
 
 
 # --- command line --------------------------------------------------------------------------------
-def _singa_model(depth: int, batch: int):
+def singa_model(depth: int, batch: int, size: int = 224, autocast: Optional[str] = None):
+    """SINGA's example ResNet (``examples/cnn/model/resnet.py``, 18 or 50 layers, seed 0) with
+    this step's SGD, compiled for graph mode at ``batch`` x 3 x ``size`` x ``size`` (under
+    ``autocast``, a dtype name, when given)."""
     sys.path[:0] = [os.path.join(_ROOT, "examples", "cnn"), os.path.join(_ROOT, "examples")]
     from singa_jax import device, opt, tensor
     from model import resnet
     device.get_default_device().SetRandSeed(0)
-    net = {18: resnet.resnet18, 50: resnet.resnet50}[depth](num_channels=3)
+    net = {18: resnet.resnet18, 50: resnet.resnet50}[depth](num_channels=3, input_size=size)
     net.set_optimizer(opt.SGD(lr=LR, momentum=MOMENTUM))
-    net.compile([tensor.Tensor((batch, 3, 224, 224))], is_train=True, use_graph=True)
+    net.compile([tensor.Tensor((batch, 3, size, size))], is_train=True, use_graph=True,
+                autocast=autocast)
     return net
 
 
@@ -273,7 +277,7 @@ def check(depth: int, batch: int, tol: float = 1e-4, grad_tol: float = 2e-3) -> 
     without them; measured on resnet18, batch 2, see docs/performance.md)."""
     import jax.numpy as jnp
     from singa_jax import tensor
-    net = _singa_model(depth, batch)
+    net = singa_model(depth, batch)
     params, stats, buffers = state_from(net, depth)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
