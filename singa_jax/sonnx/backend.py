@@ -44,7 +44,7 @@ from .ops import OpSpec, UnsupportedOnnx, jax_dtype
 from .program import (GraphProgram, HostValues, OnnxAttributes, OnnxNode, ValueInfo,
                       lookup_spec)
 from .sequence_ops import (SEQUENCE, base_kind, feed_value, map_tensors, output_value,
-                           run_node_type, value_kind)
+                           run_node_type)
 from .singa_names import RENAME_OPERATORS
 
 __all__ = ["OnnxNode", "OnnxAttributes", "GraphProgram", "GraphOp", "GraphWeights", "SingaBackend", "SingaRep",
@@ -526,11 +526,9 @@ class SingaBackend(Backend):
         if len(named) != len(inputs):
             raise ValueError(f"run_node: node '{node.name}' ({node.op_type}) takes {len(named)} "
                              f"inputs, got {len(inputs)}")
-        types = [run_node_type(node, i, opset_version, v) for (i, _), v in zip(named, inputs)]
-        vis = [helper.make_value_info(n, tp) for (_, n), tp in zip(named, types)]
-        arrays = [None if v is None else [np.asarray(a) for a in v]
-                  if base_kind(value_kind(tp, n)[0]) == SEQUENCE else np.asarray(v)
-                  for v, tp, (_, n) in zip(inputs, types, named)]
+        typed = [run_node_type(node, i, opset_version, v) for (i, _), v in zip(named, inputs)]
+        vis = [helper.make_value_info(n, tp) for (_, n), (tp, _) in zip(named, typed)]
+        arrays = [value for _, value in typed]
         outs = [onnx.ValueInfoProto(name=n) for n in node.output if n]
         graph = helper.make_graph([node], "run_node", vis, outs)
         # the IR version of the opset, not onnx's newest: the model stays loadable by any

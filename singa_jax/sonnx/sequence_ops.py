@@ -146,30 +146,31 @@ def output_value(value: Any, convert: Callable[[Any], Any]) -> Any:
 
 
 def run_node_type(node: onnx.NodeProto, position: int, opset: int, value: Any
-                  ) -> onnx.TypeProto:
-    """The ONNX type ``run_node`` declares for ``value``, the node's input ``position``: a list
-    or tuple is a sequence where the op's schema takes one there (elsewhere it is one array),
-    None an empty optional (of float tensors: nothing says which type), and a value is wrapped
-    in an optional where the schema takes only optionals (OptionalHasElement before opset
-    18)."""
+                  ) -> Tuple[onnx.TypeProto, Any]:
+    """The ONNX type ``run_node`` declares for ``value``, the node's input ``position``, and the
+    value as the node is fed it: a list or tuple is a sequence (a list of arrays) where the op's
+    schema takes one there (elsewhere it is one array), None an empty optional (of float
+    tensors: nothing says which type), and a value is wrapped in an optional where the schema
+    takes only optionals (OptionalHasElement before opset 18)."""
     allowed = _allowed_types(node, position, opset)
     takes_seq = any(t.startswith(("seq(", "optional(seq(")) for t in allowed)
     if value is None:
         return helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT,
-                                                                              None))
+                                                                              None)), None
     if takes_seq and isinstance(value, (list, tuple)):
-        arrays = [np.asarray(v) for v in value]
-        elem = helper.np_dtype_to_tensor_dtype(arrays[0].dtype) if arrays else TensorProto.FLOAT
+        value = [np.asarray(v) for v in value]
+        elem = helper.np_dtype_to_tensor_dtype(value[0].dtype) if value else TensorProto.FLOAT
         tp = helper.make_sequence_type_proto(helper.make_tensor_type_proto(elem, None))
         base = "seq("
     else:
-        arr = np.asarray(value)
-        tp = helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape)
+        value = np.asarray(value)
+        tp = helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(value.dtype),
+                                           value.shape)
         base = "tensor("
     if allowed and not any(t.startswith(base) for t in allowed) and \
             any(t.startswith("optional(" + base) for t in allowed):
         tp = helper.make_optional_type_proto(tp)
-    return tp
+    return tp, value
 
 
 def _allowed_types(node: onnx.NodeProto, position: int, opset: int) -> List[str]:
