@@ -32,6 +32,11 @@
   off as well (``COMPILE_FIRST_OPTIONS``): a small convolution's forward-and-pullback kernel
   compiles in 120 ms instead of 0.9 s. Only speed changes, never what a program computes.
 
+* Backend rules of the eager engine, beside the options: which backward walks are fused
+  (:func:`fuses_heavy_walks`: every walk on an accelerator, only walks of small operators on
+  a CPU) and in what pieces eager replay dispatches an evaluation forward
+  (:func:`replay_piece_calls`: every 64 recorded calls on an accelerator, one program on a CPU).
+
 An option the installed jaxlib does not know (an experimental flag renamed or removed) is left
 out: each option is probed once per platform by compiling a trivial program with it, so no
 error message is ever parsed.
