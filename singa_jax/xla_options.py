@@ -178,14 +178,31 @@ def fuses_heavy_walks(platform: str) -> bool:
 # one program).
 REPLAY_PIECE_CALLS: Dict[str, Optional[int]] = {"cpu": None}
 REPLAY_PIECE_CALLS_ELSEWHERE = 64
-_PIECE_ENV = os.environ.get("SINGA_JAX_REPLAY_PIECE")
+
+
+def _piece_setting(value: Optional[str]) -> Optional[int]:
+    """``SINGA_JAX_REPLAY_PIECE`` read: None when unset, else its calls (0: one program);
+    ValueError (at import) for anything but a whole number >= 0."""
+    if value is None:
+        return None
+    try:
+        calls = int(value)
+    except ValueError:
+        calls = -1
+    if calls < 0:
+        raise ValueError(f"SINGA_JAX_REPLAY_PIECE must be a whole number of recorded calls >= 0 "
+                         f"(0: one program), got {value!r}")
+    return calls
+
+
+_PIECE_ENV = _piece_setting(os.environ.get("SINGA_JAX_REPLAY_PIECE"))
 
 
 def replay_piece_calls(platform: str) -> Optional[int]:
     """The recorded calls after which eager replay dispatches a segment on ``platform`` (see
     :data:`REPLAY_PIECE_CALLS`); None: only when a value is needed."""
     if _PIECE_ENV is not None:
-        return int(_PIECE_ENV) or None
+        return _PIECE_ENV or None
     return REPLAY_PIECE_CALLS.get(platform, REPLAY_PIECE_CALLS_ELSEWHERE)
 
 

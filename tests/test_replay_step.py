@@ -199,6 +199,13 @@ def test_an_evaluation_forward_is_dispatched_in_pieces_and_a_training_step_is_no
     with autograd.eager_replay(False):
         plain = tensor.to_numpy(net(x))
     np.testing.assert_allclose(pieces, plain, **_close())
+    for value, calls in (("16", 16), ("0", None)):  # the environment's setting, every platform
+        monkeypatch.setattr(xla_options, "_PIECE_ENV", xla_options._piece_setting(value))
+        assert xla_options.replay_piece_calls("gpu") == xla_options.replay_piece_calls("cpu") \
+            == calls
+    for bad in ("many", "-1"):
+        with pytest.raises(ValueError, match="SINGA_JAX_REPLAY_PIECE must be a whole number"):
+            xla_options._piece_setting(bad)
 
 
 def test_a_second_backward_through_a_replayed_step_recomputes_its_residuals():
