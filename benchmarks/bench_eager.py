@@ -292,7 +292,7 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
     dev = jax.devices()[0]
     piece = xla_options.replay_piece_calls(dev.platform)
     print(f"[{net_kind}] {dev.platform} ({dev.device_kind}); {n_ops} operators per forward; "
-          f"replay dispatches {f'every {piece} calls' if piece else 'one program a step'}"
+          f"replay runs an evaluation {f'in pieces of {piece} calls' if piece else 'as one program'}"
           f"{'; gc.freeze() after the warm-up' if gc_freeze else ''}; singa_jax's GC tuning "
           f"{'on' if gc_tuning.tuned() else 'off'}; load average {os.getloadavg()[0]:.1f}")
     for k, v in med.items():
