@@ -10,17 +10,14 @@ training loop"). Meant for an accelerator (a CPU takes seconds a step)::
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import jax
 import numpy as np
 
+import resnet_jax
 from singa_jax import opt, tensor
-
-_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
 def main() -> None:
@@ -29,16 +26,12 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
-    sys.path[:0] = [os.path.join(_EXAMPLES, "cnn"), _EXAMPLES]
-    from model import resnet  # SINGA's examples/cnn/model/resnet.py
-
-    net = resnet.resnet50(num_classes=10, num_channels=3)
-    net.set_optimizer(opt.SGD(lr=0.005, momentum=0.9, weight_decay=1e-5))
+    net = resnet_jax.singa_model(  # the example's SGD
+        50, args.batch, args.size, optimizer=opt.SGD(lr=0.005, momentum=0.9, weight_decay=1e-5))
     rng = np.random.default_rng(0)
     shape = (args.batch, 3, args.size, args.size)
     tx = tensor.from_numpy(rng.standard_normal(shape).astype(np.float32))
     ty = tensor.from_numpy(rng.integers(0, 10, args.batch).astype(np.int32))
-    net.compile([tx], is_train=True, use_graph=True, sequential=False)
     net.train()
 
     def step() -> None:

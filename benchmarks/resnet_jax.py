@@ -253,16 +253,17 @@ def state_from(net: Any, depth: int) -> Tuple[Dict[str, np.ndarray], Dict[str, n
 
 
 # --- command line --------------------------------------------------------------------------------
-def singa_model(depth: int, batch: int, size: int = 224, autocast: Optional[str] = None):
-    """SINGA's example ResNet (``examples/cnn/model/resnet.py``, 18 or 50 layers, seed 0) with
-    this step's SGD, compiled for graph mode at ``batch`` x 3 x ``size`` x ``size`` (under
-    ``autocast``, a dtype name, when given)."""
+def singa_model(depth: int, batch: int, size: int = 224, autocast: Optional[str] = None,
+                optimizer: Any = None):
+    """SINGA's example ResNet (``examples/cnn/model/resnet.py``, 18 or 50 layers, 10 classes,
+    seed 0) with ``optimizer`` (default: this step's SGD), compiled for graph mode at ``batch``
+    x 3 x ``size`` x ``size`` (under ``autocast``, a dtype name, when given)."""
     sys.path[:0] = [os.path.join(_ROOT, "examples", "cnn"), os.path.join(_ROOT, "examples")]
     from singa_jax import device, opt, tensor
     from model import resnet
     device.get_default_device().SetRandSeed(0)
     net = {18: resnet.resnet18, 50: resnet.resnet50}[depth](num_channels=3, input_size=size)
-    net.set_optimizer(opt.SGD(lr=LR, momentum=MOMENTUM))
+    net.set_optimizer(optimizer or opt.SGD(lr=LR, momentum=MOMENTUM))
     net.compile([tensor.Tensor((batch, 3, size, size))], is_train=True, use_graph=True,
                 autocast=autocast)
     return net

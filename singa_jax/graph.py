@@ -618,9 +618,9 @@ class GraphRunner:
             if spmd is None:
                 lowered = jax.jit(layout.program, donate_argnums=0).lower(
                     donated_arrays, read_arrays, batch_arrays)
-                options = compile_options(platform, one_off, program=lowered)
-                tiers = None if one_off else graph_tiers.plan(lowered, layout.closed, platform,
-                                                              options, ahead=ahead)
+                options = options_for(lowered)
+                tiers = None if one_off else graph_tiers.plan(
+                    lowered, layout.closed, platform, self.last_compile_options, ahead=ahead)
                 if tiers is not None and tiers.quick is not None:
                     self.last_compile_options = tiers.quick
                     compiled = tiers.compile_quick(lowered)
@@ -628,8 +628,7 @@ class GraphRunner:
                     self.compile_count += 1
                     self.tiered_count += 1
                 else:
-                    self.last_compile_options = options
-                    compiled = lowered.compile(options or None)
+                    compiled = lowered.compile(options)
                     if tiers is not None:
                         tiers.compiled()
             else:

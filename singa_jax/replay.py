@@ -8,8 +8,9 @@ training step's forward, fused backward walk and update), keeping eager semantic
 * **Record.** An operator whose kernel's outputs are known for its static arguments and input
   shapes/dtypes (traced once per signature, :func:`_abstract_outputs`; a kernel whose trace
   fails runs at once and raises there) is not run: its kernel call is appended to the
-  thread's pending *segment* and its outputs are :class:`Deferred` placeholders with their shape and dtype. Tensors hold them as their
-  ``_data``; a Tensor's shape, dtype and creator graph are there at once.
+  thread's pending *segment* and its outputs are :class:`Deferred` placeholders with their
+  shape and dtype. Tensors hold them as their ``_data``; a Tensor's shape, dtype and creator
+  graph are there at once.
 * **Flush.** The segment runs when a value is needed: a Tensor's ``array`` is read (``to_numpy``,
   ``scalar``, printing, a NumPy call, an operator that is not replayable, Python control flow on
   a value), a backward pass or an optimizer update starts that is not recorded itself (a fused
@@ -30,9 +31,10 @@ training step's forward, fused backward walk and update), keeping eager semantic
 * **Replay.** A flushed segment is keyed by its kernels, static arguments, input shapes/dtypes
   and dataflow. The first time a key is seen the kernels run one by one; when it recurs it is
   compiled into ONE program (each kernel inlined, returning the outputs still referenced) that
-  later flushes of the same key call with the new inputs. A changed sequence (another branch, another shape) is
-  another key: it runs op by op and, if it recurs, gets its own program. A segment that cannot be
-  compiled (a kernel reading values on the host) runs op by op from then on.
+  later flushes of the same key call with the new inputs. A changed sequence (another branch,
+  another shape) is another key: it runs op by op and, if it recurs, gets its own program. A
+  segment that cannot be compiled (a kernel reading values on the host) runs op by op from
+  then on.
 
 ``autograd.eager_replay(False)`` (a scope or decorator) or ``SINGA_JAX_EAGER_REPLAY=0`` runs
 every operator at once, op by op. Results equal op-by-op execution up to XLA's fusion rounding
@@ -184,9 +186,19 @@ class _Segment:
             return
         leaves = self.leaves
         programs = self.step.programs
+        # the Tensors still holding an output of this segment (not rebound since, e.g. by a
+        # rolled-back step restoring its old array), with the output each holds
+        held = []
+        for ref, i in zip(self.tensors, self.bound):
+            t = ref()
+            if t is not None and t._data is leaves[i]:
+                held.append((t, i))
         live = _referenced(leaves)
         if self.soft and live is not None:
-            live = self._without_soft(live)
+            # less the soft outputs no Tensor holds (only pullbacks, which the recorded
+            # backward walk of this segment has served)
+            kept = {i for _, i in held}
+            live = tuple([i for i in live if not leaves[i].soft or i in kept])
         if live not in programs and len(programs) >= _OUTPUT_SETS:
             live = None  # (this sequence ends with ever other outputs referenced: all of them)
         program = programs.get(live)
@@ -212,27 +224,13 @@ class _Segment:
             _stats["op_by_op"] += 1
         for d, v in zip(leaves, values):
             d.value = v
-        for ref, i in zip(self.tensors, self.bound):
-            t = ref()
-            if t is not None and t._data is leaves[i]:
-                # (else rebound since: e.g. a rolled-back step restored its old array)
-                t._data = leaves[i].value
+        for t, i in held:
+            t._data = leaves[i].value
         # the inputs are dropped now, unless a soft output was not computed: then they are
         # kept while the segment lives, for recompute
         if not (self.soft and any([d.value is None for d in leaves if d.soft])):
             self.calls = self.externals = ()
         self.tensors = self.bound = self.leaves = ()
-
-    def _without_soft(self, live: Tuple[int, ...]) -> Tuple[int, ...]:
-        """``live`` less the soft outputs that no Tensor holds (only pullbacks, which the
-        recorded backward walk of this segment has served)."""
-        leaves = self.leaves
-        held = set()
-        for ref, i in zip(self.tensors, self.bound):
-            t = ref()
-            if t is not None and t._data is leaves[i]:
-                held.add(i)
-        return tuple([i for i in live if not leaves[i].soft or i in held])
 
     def recompute(self) -> List[jax.Array]:
         """Every output of the flushed segment, run op by op from its inputs again: for a soft
@@ -291,6 +289,8 @@ def _abstract_outputs(call: Callable, statics: Tuple, avals: Tuple) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(out)
     return treedef, tuple([jax.core.ShapedArray(leaf.shape, leaf.dtype,
                                                 weak_type=leaf.weak_type) for leaf in leaves])
+
+
 _stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0, "recomputed": 0}
 
 

@@ -31,7 +31,6 @@
   session), every program on CPU is compiled as that one-off one is, with XLA's library fusions
   off as well (``COMPILE_FIRST_OPTIONS``): a small convolution's forward-and-pullback kernel
   compiles in 120 ms instead of 0.9 s. Only speed changes, never what a program computes.
-
 * Backend rules of the eager engine, beside the options: which backward walks are fused
   (:func:`fuses_heavy_walks`: every walk on an accelerator, only walks of small operators on
   a CPU) and in what pieces eager replay dispatches an evaluation forward
