@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from . import host_prng
-from .modes import in_compile_time_eval, traced_keys
+from .modes import in_compile_time_eval, in_parameter_initialization, traced_keys
 
 __all__ = [
     "Device", "device_of", "get_default_device", "set_default_device", "create_cpu_device", "create_cpu_devices",
@@ -106,9 +106,11 @@ class Device:
             traced[self] = (tracer, base)
             return sub
         with self._lock:
-            if in_compile_time_eval() and host_prng.supported(self._key):
-                # compile()'s initialisation: the same split on the host, no XLA program (not
-                # elsewhere: reading the key waits for the step that wrote it)
+            if (in_compile_time_eval() or in_parameter_initialization()) \
+                    and host_prng.supported(self._key):
+                # a layer's initialisation (eager or in compile()): the same split on the host,
+                # no XLA program (not elsewhere: reading the key waits for the step that wrote
+                # it)
                 self._key, sub = host_prng.split(self._key)
             else:
                 self._key, sub = jax.random.split(self._key)

@@ -25,7 +25,7 @@ __all__ = ["is_training", "set_training", "training_mode", "is_grad_enabled",
            "set_grad_enabled", "no_grad", "enable_grad", "is_backward_fused", "fused_backward",
            "is_eager_replay", "eager_replay", "autocast_dtype", "autocast_mode",
            "TraceHook", "current_trace_hook", "trace_hook", "traced_keys", "compile_time_eval",
-           "in_compile_time_eval"]
+           "in_compile_time_eval", "parameter_initialization", "in_parameter_initialization"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -215,6 +215,26 @@ def compile_time_eval() -> Iterator[None]:
             yield
     finally:
         _COMPILE_TIME_EVAL.reset(token)
+
+
+# --- a layer's parameter initialisation -------------------------------------------------------
+_PARAMETER_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "singa_jax.parameter_initialization", default=False)
+# whether this thread is in parameter_initialization()
+in_parameter_initialization = _PARAMETER_INIT.get
+
+
+@contextlib.contextmanager
+def parameter_initialization() -> Iterator[None]:
+    """A layer's ``initialize`` (eager first call and ``Model.compile()`` alike): device keys are
+    split and random fills drawn on the host (:mod:`singa_jax.sampling`), so initialising
+    parameters compiles and dispatches no XLA program and gives the same values on every
+    backend."""
+    token = _PARAMETER_INIT.set(True)
+    try:
+        yield
+    finally:
+        _PARAMETER_INIT.reset(token)
 
 
 # --- graph mode's trace hook --------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 import jax.numpy as jnp
 import numpy as np
 
-from ..modes import autocast_dtype, compile_time_eval
+from ..modes import autocast_dtype, compile_time_eval, parameter_initialization
 from ..tensor import Tensor
 
 __all__ = ["LayerMeta", "Layer", "move_to_device", "positive_int", "concrete_initialization"]
@@ -94,8 +94,9 @@ class LayerMeta(type):
 
     @staticmethod
     def init_wrapper(func):
-        """``initialize`` runs once, with graph buffering off on the input's device, and marks the
-        layer initialised."""
+        """``initialize`` runs once, with graph buffering off on the input's device, its random
+        fills drawn on the host (:func:`modes.parameter_initialization`), and marks the layer
+        initialised."""
 
         @wraps(func)
         def wrapper(self, *args, **kwargs):
@@ -103,7 +104,7 @@ class LayerMeta(type):
                 return None
             x = _first_tensor_in(args)
             if x is None:  # no Tensor input: nothing to take a device from
-                with _initialization_scope():
+                with _initialization_scope(), parameter_initialization():
                     func(self, *args, **kwargs)
                 self._initialized = True
                 return None
@@ -111,7 +112,7 @@ class LayerMeta(type):
             prev = dev.graph_enabled()
             dev.EnableGraph(False)
             try:
-                with _initialization_scope():
+                with _initialization_scope(), parameter_initialization():
                     func(self, *args, **kwargs)
                 self._initialized = True
             finally:
