@@ -54,9 +54,17 @@ def concrete_initialization():
         _CONCRETE_INIT.reset(token)
 
 
-def _initialization_scope():
-    """Where ``initialize`` runs: concretely under :func:`concrete_initialization`."""
-    return compile_time_eval() if _CONCRETE_INIT.get() else contextlib.nullcontext()
+@contextlib.contextmanager
+def _initialization_scope() -> Iterator[None]:
+    """Where ``initialize`` runs: its random fills drawn on the host
+    (:func:`modes.parameter_initialization`), and concretely under
+    :func:`concrete_initialization`."""
+    with parameter_initialization():
+        if _CONCRETE_INIT.get():
+            with compile_time_eval():
+                yield
+        else:
+            yield
 
 # Float dtypes a layer's parameters may follow (SINGA's dtype_check casts parameters to the
 # input's dtype: its mixed-precision training feeds float16 batches to a model).
@@ -104,7 +112,7 @@ class LayerMeta(type):
                 return None
             x = _first_tensor_in(args)
             if x is None:  # no Tensor input: nothing to take a device from
-                with _initialization_scope(), parameter_initialization():
+                with _initialization_scope():
                     func(self, *args, **kwargs)
                 self._initialized = True
                 return None
@@ -112,7 +120,7 @@ class LayerMeta(type):
             prev = dev.graph_enabled()
             dev.EnableGraph(False)
             try:
-                with _initialization_scope(), parameter_initialization():
+                with _initialization_scope():
                     func(self, *args, **kwargs)
                 self._initialized = True
             finally:
