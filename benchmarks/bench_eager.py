@@ -27,13 +27,15 @@ sets PyTorch's intra-op threads (default: PyTorch's own choice). Usage::
 
     python benchmarks/bench_eager.py [--nets deep,resnet50] [--steps 30] [--rounds 3]
         [--batch 64] [--depth 100] [--gc-freeze] [--torch-threads N] [--pieces 0,32,128]
-        [--split]
+        [--split] [--no-speculation]
 
 ``--pieces`` adds eager variants whose replayed segments are dispatched every N recorded calls
 (``xla_options.REPLAY_PIECE_CALLS``; 0: one program a step): on an accelerator the device
 runs each piece while the host records the next. ``--split`` prints each training step's
 time until its call returns (the host's recording, and on an accelerator the program's
 dispatch: the device is then running it) and then waiting for its results.
+``--no-speculation`` adds eager variants with replay's speculation off (``replay.SPECULATE``: a
+recurring step's program then starts only once its recording ended).
 """
 from __future__ import annotations
 
@@ -50,7 +52,8 @@ from typing import Callable, Dict, List, Sequence
 import jax
 import numpy as np
 
-from singa_jax import autograd, device, gc_tuning, layer, model, opt, tensor, xla_options
+from singa_jax import (autograd, device, gc_tuning, layer, model, opt, replay, tensor,
+                       xla_options)
 from torch_child import step_times
 
 LR, MOMENTUM = 0.05, 0.9
@@ -210,7 +213,8 @@ def _print_split(net_kind: str, nets: Dict[str, model.Model], x: tensor.Tensor,
 
 def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
           gc_freeze: bool = False, torch_threads: int = 0,
-          pieces: Sequence[int] = (), split: bool = False) -> Dict[str, float]:
+          pieces: Sequence[int] = (), split: bool = False,
+          no_speculation: bool = False) -> Dict[str, float]:
     rng = np.random.default_rng(0)
     shape = _shape(net_kind, batch, depth)
     x = tensor.from_numpy(rng.standard_normal(shape).astype(np.float32))
@@ -259,6 +263,20 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
     for calls in pieces:
         variants[f"eager train p{calls}"] = in_pieces(trainer(eager, "eager"), calls)
         variants[f"eager eval p{calls}"] = in_pieces(evaluator(eager), calls)
+
+    def unspeculated(fn: Callable[[], None]) -> Callable[[], None]:
+        """``fn`` with replay's speculation off (each program dispatched at its flush)."""
+        def run():
+            replay.SPECULATE = False
+            try:
+                fn()
+            finally:
+                replay.SPECULATE = True
+        return run
+
+    if no_speculation:
+        variants["eager train unspec"] = unspeculated(trainer(eager, "eager"))
+        variants["eager eval unspec"] = unspeculated(evaluator(eager))
     held["eager"], held["graph"] = _state(eager), _state(graph)
     for fn in variants.values():
         fn()
@@ -307,6 +325,14 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
           f"   eval {med['eager eval'] / med['op-by-op eval']:.2f}")
     print(f"[{net_kind}] eager train / graph train = {med['eager train'] / med['graph train']:.2f}"
           f"   graph train / eager train = {med['graph train'] / med['eager train']:.2f}")
+    if "eager train unspec" in med:
+        print(f"[{net_kind}] speculation off: eager train / graph train = "
+              f"{med['eager train unspec'] / med['graph train']:.2f}   speculated / not: train "
+              f"{med['eager train'] / med['eager train unspec']:.2f}   eval "
+              f"{med['eager eval'] / med['eager eval unspec']:.2f}")
+    stats = replay.stats()
+    print(f"[{net_kind}] replay: {stats['replayed']} programs run, {stats['speculated']} of them "
+          f"started before their recording ended, {stats['mispredicted']} mispredicted")
     if "torch train" in med:
         print(f"[{net_kind}] torch eval: {med['torch eval'] / n_ops * 1e6:.1f} us per operator")
         print(f"[{net_kind}] eager train / torch train = "
@@ -332,6 +358,8 @@ def main() -> None:
     ap.add_argument("--split", action="store_true",
                     help="also print each training step's time until its call returns and "
                          "then waiting for its results (eager and graph)")
+    ap.add_argument("--no-speculation", action="store_true",
+                    help="also time eager mode with replay's speculation off")
     ap.add_argument("--torch-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_child:
@@ -341,7 +369,8 @@ def main() -> None:
     for net_kind in args.nets.split(","):
         bench(net_kind.strip(), args.batch, args.depth, args.steps, args.rounds,
               args.gc_freeze, args.torch_threads,
-              [int(n) for n in args.pieces.split(",") if n.strip()], args.split)
+              [int(n) for n in args.pieces.split(",") if n.strip()], args.split,
+              args.no_speculation)
 
 
 if __name__ == "__main__":

@@ -279,8 +279,14 @@ class Model(Layer, metaclass=ModelMeta):
         else:  # other calls compute on the rank's device: state on the mesh is brought there
             bring_state_home(self, declared, self.training)
         if not graph:
-            with self._transaction(declared, optimizers, arrays=True):
-                result = fn(*args, **kwargs)
+            # (a recurring step's program may start on them before its recording ends)
+            replay.call_arguments([a._data for a in (*args, *kwargs.values())
+                                   if isinstance(a, Tensor)] + [t._data for t in declared])
+            try:
+                with self._transaction(declared, optimizers, arrays=True):
+                    result = fn(*args, **kwargs)
+            finally:
+                replay.call_arguments(())
             # an eager call's recorded kernels run now, as one program once the call recurs
             # (asynchronously: nothing here waits for them)
             replay.flush()

@@ -35,15 +35,22 @@ training step's forward, fused backward walk and update), keeping eager semantic
   another shape) is another key: it runs op by op and, if it recurs, gets its own program. A
   segment that cannot be compiled (a kernel reading values on the host) runs op by op from
   then on.
+* **Speculation.** Where a recurring segment's remaining outside inputs can be predicted (see
+  :class:`_Plan`), its program is called before the recording ends -- in a Model call, right
+  after its first kernel -- and the device runs it while the host records the rest; its
+  outputs are used only if every input turned out to be the predicted array.
 
 ``autograd.eager_replay(False)`` (a scope or decorator) or ``SINGA_JAX_EAGER_REPLAY=0`` runs
-every operator at once, op by op. Results equal op-by-op execution up to XLA's fusion rounding
+every operator at once, op by op; :data:`SPECULATE` (``SINGA_JAX_REPLAY_SPECULATE=0``) turns
+speculation off. Results equal op-by-op execution up to XLA's fusion rounding
 (identical float32 results on the CPU in the tests). This module knows no operators: callers hand
 it a kernel ``call`` and its static arguments.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import operator
 import os
 import sys
 import threading
@@ -60,10 +67,10 @@ except ImportError:  # another JAX layout: nothing is recorded (every op runs at
 
 from .modes import (current_trace_hook, in_compile_time_eval, is_eager_replay, is_grad_enabled,
                     is_training)
-from .xla_options import kernel, no_trace_running, replay_piece_calls
+from .xla_options import kernel, launches_in_thread, no_trace_running, replay_piece_calls
 
 __all__ = ["Deferred", "run", "flush", "bind", "bind_all", "pending", "soften", "resolve_tree",
-           "stats", "MAX_RECORDS", "MIN_RECORDS", "COMPILE_ON"]
+           "call_arguments", "stats", "MAX_RECORDS", "MIN_RECORDS", "COMPILE_ON", "SPECULATE"]
 
 # a segment is flushed when it holds this many kernel calls (a loop that never reads a value
 # would otherwise record without end)
@@ -128,10 +135,13 @@ class _Step:
     rebuilt or hashed per flush, and a call recorded again at a position seen before finds its
     outputs' structure on the edge."""
 
-    __slots__ = ("key", "next", "treedef", "avals", "single", "programs")
+    __slots__ = ("key", "parent", "next", "treedef", "avals", "single", "programs", "plan",
+                 "speculate", "last", "fails", "wait")
 
-    def __init__(self, key: Optional[Tuple], known: Optional[Tuple[Any, Tuple]]):
+    def __init__(self, key: Optional[Tuple], known: Optional[Tuple[Any, Tuple]],
+                 parent: Optional["_Step"] = None):
         self.key = key  # (call, statics, inputs) of the call that leads here
+        self.parent = parent
         self.next: Dict[Tuple, "_Step"] = {}
         # the outputs of the call that leads here: treedef, leaf avals, and whether it is one leaf
         self.treedef, self.avals = known if known is not None else (None, ())
@@ -140,6 +150,14 @@ class _Step:
         # for a segment that ends here, by the outputs still referenced at its flush: the
         # flushes so far (an int), then the compiled program (after COMPILE_ON), or _UNCOMPILABLE
         self.programs: Dict[Optional[Tuple[int, ...]], Any] = {}
+        # speculation (see _Plan): on a node where segments end, the plan that predicts their
+        # outside inputs, what the last flush here saw (to learn one), the attempts that
+        # failed since the last hit and the flushes to wait before the next; on the node
+        # where a plan's predictions begin, that plan
+        self.plan: Optional["_Plan"] = None
+        self.speculate: Optional["_Plan"] = None
+        self.last: Optional[Tuple] = None
+        self.fails = self.wait = 0
 
 
 _ROOT = _Step(None, None)
@@ -149,7 +167,7 @@ class _Segment:
     """The pending kernel calls of one thread on one device."""
 
     __slots__ = ("device", "limit", "calls", "step", "externals", "leaves", "tensors", "bound",
-                 "done", "soft", "recomputed")
+                 "done", "soft", "recomputed", "arguments", "spec")
 
     def __init__(self, device: Any):
         self.device = device
@@ -171,6 +189,10 @@ class _Segment:
         self.done = False
         self.soft = False  # whether any output is soft (see soften)
         self.recomputed: Optional[List[jax.Array]] = None  # every output, once recomputed
+        # the arrays of the Model call that records this segment (see call_arguments), and
+        # the program run ahead on predicted inputs (see _speculate): (plan, inputs, outputs)
+        self.arguments, _local.arguments = _local.arguments, ()
+        self.spec: Optional[Tuple["_Plan", List[Any], Any]] = None
 
     def flush(self, full: bool = False) -> None:
         """Run the recorded calls and rebind the Tensors holding their outputs; ``full``: the
@@ -206,19 +228,21 @@ class _Segment:
             seen = (program or 0) + 1
             program = _compile(self, live) if seen >= COMPILE_ON else None
             programs[live] = seen if program is None else program
-        values = None
-        if program is not None and program is not _UNCOMPILABLE:
+        # the program already running on predicted inputs, if they were the inputs after all
+        values = _speculated(self, live) if self.spec is not None else None
+        if values is None and program is not None and program is not _UNCOMPILABLE:
             try:
                 values = program(*self.externals)
-                _stats["replayed"] += 1
             except Exception:  # noqa: BLE001  (e.g. a kernel that reads values on the host)
                 programs[live] = _UNCOMPILABLE
                 values = None
-            else:
-                if live is not None:  # only what is referenced came back
-                    for i, v in zip(live, values):
-                        leaves[i].value = v
-                    values = ()
+        if values is not None:
+            _stats["replayed"] += 1
+            _learn(self, live, values)
+            if live is not None:  # only what is referenced came back
+                for i, v in zip(live, values):
+                    leaves[i].value = v
+                values = ()
         if values is None:
             values = _op_by_op(self.calls, self.externals)
             _stats["op_by_op"] += 1
@@ -230,7 +254,7 @@ class _Segment:
         # kept while the segment lives, for recompute
         if not (self.soft and any([d.value is None for d in leaves if d.soft])):
             self.calls = self.externals = ()
-        self.tensors = self.bound = self.leaves = ()
+        self.tensors = self.bound = self.leaves = self.arguments = ()
 
     def recompute(self) -> List[jax.Array]:
         """Every output of the flushed segment, run op by op from its inputs again: for a soft
@@ -291,11 +315,246 @@ def _abstract_outputs(call: Callable, statics: Tuple, avals: Tuple) -> Any:
                                                 weak_type=leaf.weak_type) for leaf in leaves])
 
 
-_stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0, "recomputed": 0}
+# ---------------------------------------------------------------------------------------------
+# Speculation: a recurring segment's program starts before its recording ends.
+#
+# A replayed program is dispatched at the flush, once the host has recorded the whole
+# sequence: on an accelerator the device idles for all of the step's Python (SINGA's ResNet-50
+# on an H200: ~12 ms of a 35 ms step). But the inputs of a recurring training step are mostly
+# known early: parameters, buffers and optimizer slots are the outputs of the previous step's
+# program, hyperparameters are the same arrays as last time, and the batch is the Model call's
+# arguments. So when a segment reaches the point after which every outside input can be
+# predicted (a _Plan, learnt from two flushes of the same sequence), the program is called
+# there on the predicted inputs, and runs on the device while the host records the rest. At the
+# flush its outputs are used only if the segment recorded exactly that sequence and every
+# outside input IS (identity, not equality) the predicted array: the outputs are then those
+# the program would have computed from those very arrays. Otherwise they are dropped, and the
+# program runs on the recorded inputs as before. A plan that keeps missing is dropped.
+
+
+class _Plan:
+    """How to predict the outside inputs of a segment ending at ``end`` from the point
+    (``trigger``, after the call that binds the last unpredictable input, ``start`` inputs
+    bound) onwards. ``sources``: per later input, ``(0, k)`` the segment's input ``k`` again,
+    ``(1, j)`` output ``j`` of the program's last run (``values``), ``(2, array)`` the same
+    array as last time, ``(3, (i, aval))`` array ``i`` the Model call started with (see
+    :func:`call_arguments`), if it still has that aval."""
+
+    __slots__ = ("end", "trigger", "live", "start", "sources", "values", "misses")
+
+    def __init__(self, end: _Step, trigger: _Step, live: Optional[Tuple[int, ...]], start: int,
+                 sources: List[Tuple[int, Any]], values: List[Any]):
+        self.end, self.trigger, self.live, self.start = end, trigger, live, start
+        self.sources, self.values = sources, values
+        self.misses = 0  # in a row
+
+
+# mispredictions in a row that drop a plan; calls that must be left to record after a plan's
+# trigger (one: a training loop's loss reads its batch's labels, and after it come only the
+# walk and the update, three calls but most of the step's Python); the longest wait (in flushes) before learning again after
+# failed attempts (it doubles with each: a sequence whose inputs cannot be predicted costs
+# little)
+_MISSES = 2
+_LONGEST_WAIT = 64
+_MIN_AHEAD = 1
+SPECULATE = os.environ.get("SINGA_JAX_REPLAY_SPECULATE", "1").lower() not in (
+    "0", "false", "off", "no")
+
+
+def call_arguments(values: Sequence[Any]) -> None:
+    """The arrays a Model call starts with -- its arguments (the batch), then its declared
+    state (parameters, buffers, optimizer state) -- by position: the segment it records next
+    may find its inputs among them (see _Plan). ``()`` forgets them."""
+    _local.arguments = tuple(values)
+
+
+def _speculate(segment: _Segment, plan: _Plan) -> None:
+    """Call ``plan``'s program on the segment's inputs so far and the predicted rest."""
+    predicted = list(segment.externals)
+    program = plan.end.programs.get(plan.live)
+    if len(predicted) != plan.start or program is None or type(program) is int or \
+            program is _UNCOMPILABLE:
+        return
+    arguments, values = segment.arguments, plan.values
+    for kind, x in plan.sources:
+        if kind == 0:
+            v = predicted[x]
+        elif kind == 1:
+            v = values[x]
+        elif kind == 2:
+            v = x
+        else:
+            i, aval = x
+            v = arguments[i] if i < len(arguments) else None
+            if type(v) is not _ArrayImpl or v.aval != aval:
+                # (e.g. a smaller last batch; or a loop that makes no Model call and would
+                # need another plan: a second time in a row drops this one)
+                _missed(plan)
+                return
+        predicted.append(v)
+    if launches_in_thread(getattr(segment.device, "platform", "cpu")):
+        outputs = _launch_in_thread(program, predicted)
+    else:
+        try:
+            outputs = program(*predicted)
+        except Exception:  # noqa: BLE001  (e.g. a predicted array deleted since: none run)
+            return
+    segment.spec = (plan, predicted, outputs)
+
+
+_launcher: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_launcher_lock = threading.Lock()
+
+
+def _launch_in_thread(program: Callable, inputs: List[Any]) -> concurrent.futures.Future:
+    """``program(*inputs)`` called from replay's launching thread (see
+    ``xla_options.LAUNCHES_IN_THREAD``): a Future of its outputs, or of None where that thread
+    would not run the very executable this one would (another JAX context: e.g. a matmul
+    precision scope) or the call failed."""
+    global _launcher
+    if _launcher is None:
+        with _launcher_lock:
+            if _launcher is None:
+                _launcher = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="singa_jax-replay-launch")
+    # The launching thread needs the GIL to start the call (and to return from it), which the
+    # recording thread hands over only every switch interval (5 ms by default): shortened
+    # while a launch is pending.
+    interval = sys.getswitchinterval()
+    if interval > _LAUNCH_SWITCH_INTERVAL:
+        sys.setswitchinterval(_LAUNCH_SWITCH_INTERVAL)
+    return _launcher.submit(_launch, program.jitted_now(), _jax_context(), inputs, interval)
+
+
+_LAUNCH_SWITCH_INTERVAL = 0.0002  # seconds
+
+
+def _launch(jitted: Callable, context: Any, inputs: List[Any], interval: float
+            ) -> Optional[Any]:
+    try:
+        if context is None or _jax_context() != context:
+            return None
+        return jitted(*inputs)
+    except Exception:  # noqa: BLE001  (e.g. a predicted array deleted since: none run)
+        return None
+    finally:
+        if interval > _LAUNCH_SWITCH_INTERVAL:
+            sys.setswitchinterval(interval)
+
+
+try:  # the thread's JAX settings that key jit's executables
+    from jax._src.config import trace_context as _jax_context
+except ImportError:  # (another JAX layout: never launched from the thread)
+    def _jax_context() -> Any:
+        return None
+
+
+def _speculated(segment: _Segment, live: Optional[Tuple[int, ...]]) -> Optional[List[Any]]:
+    """The outputs of the segment's speculated program if its predictions held, else None."""
+    plan, predicted, outputs = segment.spec
+    segment.spec = None
+    externals = segment.externals
+    if segment.step is plan.end and live == plan.live and len(externals) == len(predicted) \
+            and all(map(operator.is_, externals, predicted)):
+        if type(outputs) is concurrent.futures.Future:
+            outputs = outputs.result()  # (launched by now, as a rule)
+            if outputs is None:  # (not run there: the program runs now)
+                return None
+        plan.misses = plan.end.fails = 0
+        _stats["speculated"] += 1
+        return outputs
+    _stats["mispredicted"] += 1
+    _missed(plan)
+    return None
+
+
+def _missed(plan: _Plan) -> None:
+    # (one miss, e.g. where the training loop's phase changed -- an evaluation, a checkpoint
+    # loaded -- keeps the plan; a second in a row drops it)
+    plan.misses += 1
+    if plan.misses >= _MISSES:
+        _drop(plan)
+
+
+def _drop(plan: _Plan) -> None:
+    if plan.trigger.speculate is plan:
+        plan.trigger.speculate = None
+    end = plan.end
+    if end.plan is plan:
+        end.plan = None
+        _failed(end)
+
+
+def _failed(end: _Step) -> None:
+    end.fails += 1
+    end.wait = min(2 ** end.fails, _LONGEST_WAIT)
+    end.last = None
+
+
+def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]) -> None:
+    """After a segment's program ran: keep its outputs for its plan's predictions, or learn a
+    plan from this run and the last of the same sequence."""
+    end = segment.step
+    plan = end.plan
+    if plan is not None and plan.trigger.speculate is plan:
+        if plan.live == live:
+            plan.values = values
+        return
+    end.plan = None
+    if not SPECULATE:
+        return
+    if end.wait > 1:
+        end.wait -= 1
+        return
+    externals = segment.externals
+    last, end.last = end.last, (live, [id(e) for e in externals], values)
+    if end.wait == 1 or last is None or last[0] != live:
+        end.wait = 0
+        return
+    _, last_ids, last_values = last
+    outputs = {id(v): j for j, v in enumerate(last_values)}
+    arguments = {id(a): i for i, a in enumerate(segment.arguments)}
+    first: Dict[int, int] = {}
+    sources: List[Any] = []
+    unknown = -1
+    for k, e in enumerate(externals):
+        i = id(e)
+        if first.setdefault(i, k) != k:
+            sources.append((0, first[i]))
+        elif i in arguments:
+            sources.append((3, (arguments[i], e.aval)))
+        elif i in outputs:
+            sources.append((1, outputs[i]))
+        elif k < len(last_ids) and last_ids[k] == i:
+            sources.append((2, e))
+        else:
+            sources.append(None)
+            unknown = k
+    # the trigger: the call that binds the last unpredictable input (or the first call)
+    bound = 0
+    calls = segment.calls
+    for depth, (_, _, inputs) in enumerate(calls, 1):
+        bound += sum([type(r) is not int for r in inputs])
+        if bound > unknown:
+            break
+    if len(calls) - depth < _MIN_AHEAD:  # (nothing much would run ahead)
+        _failed(end)
+        return
+    trigger = end
+    for _ in range(len(calls) - depth):
+        trigger = trigger.parent
+    end.last = None
+    end.plan = trigger.speculate = _Plan(end, trigger, live, bound, sources[bound:], values)
+
+
+
+_stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0, "recomputed": 0,
+          "speculated": 0, "mispredicted": 0}
 
 
 class _Local(threading.local):
     segment: Optional[_Segment] = None
+    arguments: Tuple = ()  # see call_arguments
     recording = True  # whether the last sequence between two flushes was long (MIN_RECORDS)
     ran = 0  # kernels run at once since the last flush
 
@@ -378,7 +637,7 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
         if known is _UNKNOWN:  # (its trace failed: run at once, the call raises its error)
             local.ran += 1
             return call(*statics, *resolve_all(args))
-        step = parent.next.setdefault(key, _Step(key, known))
+        step = parent.next.setdefault(key, _Step(key, known, parent))
     if own is None:
         if segment is not None:
             segment.flush()
@@ -400,6 +659,9 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
     segment.calls.append(step.key)
     segment.step = step
     _stats["recorded"] += 1
+    if step.speculate is not None and segment.spec is None and SPECULATE and \
+            segment.limit == MAX_RECORDS:  # (a piece runs while the next is recorded already)
+        _speculate(segment, step.speculate)
     if len(segment.calls) >= segment.limit:
         segment.flush(full=True)
     return out

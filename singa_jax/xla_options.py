@@ -53,6 +53,7 @@ from . import host_memory
 
 __all__ = ["compile_options", "compile_time_first", "called_functions", "kernel",
            "no_trace_running", "platform_of", "fuses_heavy_walks", "replay_piece_calls",
+           "launches_in_thread",
            "quick_options", "quick_steps_while_compiling", "quick_tier_saving"]
 
 # Each CPU option with its values, best first: the first one this jaxlib accepts is used.
@@ -197,6 +198,22 @@ def _piece_setting(value: Optional[str]) -> Optional[int]:
 _PIECE_ENV = _piece_setting(os.environ.get("SINGA_JAX_REPLAY_PIECE"))
 
 
+# Platforms where calling a compiled program blocks the calling thread while XLA launches its
+# kernels one by one (XLA:GPU: ~10 ms for SINGA's ResNet-50 training step on an H200, measured as
+# graph mode's time until its call returns): there eager replay starts a speculated program
+# (see replay._Plan) from a thread of its own, so that the launch overlaps the host's recording
+# of the rest of the step instead of preceding it. JAX releases the GIL while it launches.
+# Elsewhere the call only enqueues the program (XLA:CPU's asynchronous dispatch; a TPU runs a
+# program as one launch) and a thread would only add its hand-over.
+LAUNCHES_IN_THREAD: Dict[str, bool] = {"gpu": True}
+
+
+def launches_in_thread(platform: str) -> bool:
+    """Whether eager replay starts speculated programs on ``platform`` from a thread (see
+    :data:`LAUNCHES_IN_THREAD`)."""
+    return LAUNCHES_IN_THREAD.get(platform, False)
+
+
 def replay_piece_calls(platform: str) -> Optional[int]:
     """The recorded calls after which eager replay dispatches a segment on ``platform`` (see
     :data:`REPLAY_PIECE_CALLS`); None: only when a value is needed."""
@@ -284,18 +301,23 @@ def kernel(fun: Optional[Callable] = None, **jit_kwargs: Any) -> Callable:
     plain = jax.jit(fun, **jit_kwargs)
     tuned: Dict[bool, Callable] = {}  # by compile_time_first(): a program follows the flag
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def jitted_now() -> Callable:
+        """The jitted function a call from this thread would use now."""
         if not no_trace_running():
-            return plain(*args, **kwargs)
+            return plain
         first = compile_time_first()
         jitted = tuned.get(first)
         if jitted is None:
             options = compile_options(jax.default_backend(), eager=True)
             jitted = tuned[first] = (jax.jit(fun, compiler_options=options, **jit_kwargs)
                                      if options else plain)
-        return jitted(*args, **kwargs)
+        return jitted
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return jitted_now()(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = getattr(fun, "__name__", "kernel")
     call.__doc__ = fun.__doc__
     call.__wrapped__ = fun
+    call.jitted_now = jitted_now
     return call

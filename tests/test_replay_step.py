@@ -48,12 +48,15 @@ class Net(model.Model):
         self.flatten, self.fc = layer.Flatten(), layer.Linear(3)
         self.loss = layer.SoftMaxCrossEntropy()
         self.grads_seen = []
+        self.before_forward = []  # (callables a test queues for the next training call)
 
     def forward(self, x):
         x = self.relu0(self.bn0(self.conv0(x)))
         return self.fc(self.flatten(self.relu1(self.bn1(self.conv1(x)))))
 
     def train_one_batch(self, x, y):
+        while self.before_forward:
+            self.before_forward.pop()()
         out = self.forward(x)
         loss = self.loss(out, y)
         if self.per_param:  # SINGA's older style: the walk's pairs updated one by one
@@ -152,9 +155,10 @@ def test_a_recurring_training_step_is_one_program_without_residuals_or_gradients
     assert after["op_by_op"] == before["op_by_op"]
     calls, live, outputs = compiled[-1]
     assert engine._replay in calls and update._recorded_update_kernel in calls
-    # what it returns: the parameters, slots and buffers it rebinds, the guard's state and the
-    # call's two results -- no residual, no gradient
-    rebound = len(net.get_states()) + len(net.optimizer.get_states()) - 1  # (no step_counter)
+    assert calls[-1] is update._advance_unless_skipped  # the optimizer's step() too
+    # what it returns: the parameters, slots and buffers it rebinds (the step counter
+    # included), the guard's state and the call's two results -- no residual, no gradient
+    rebound = len(net.get_states()) + len(net.optimizer.get_states())
     assert len(live) == rebound + 1 + 2
     assert outputs >= len(live) + 10  # (the 10 gradients among the outputs not returned)
     assert all(isinstance(t._data, jax.Array) for t in net.get_states().values())
@@ -407,3 +411,169 @@ def test_gc_tuning_and_its_switch(case):
     else:
         assert first.startswith("900 900 False")
         assert third == "900 False"
+
+
+# --- speculation: a recurring step's program starts before its recording ends ---------------
+def _counted(fn):
+    """``fn()``'s result and how many programs it speculated and mispredicted."""
+    before = replay.stats()
+    result = fn()
+    after = replay.stats()
+    return result, (after["speculated"] - before["speculated"],
+                    after["mispredicted"] - before["mispredicted"])
+
+
+def _speculation_run(speculate, monkeypatch, steps=12, tweak_at=None, small_last=False):
+    """Train with a new batch every step (as a data loader gives them), then evaluate, with or
+    without speculation; returns losses, states, the evaluation's outputs and per call
+    ``(speculated, mispredicted)``. (The tree of sequences outlives a test: a model of the
+    same structure built by an earlier test finds its plans, and may mispredict at first.)"""
+    monkeypatch.setattr(replay, "SPECULATE", speculate)
+    with autograd.eager_replay(True):
+        net = _build(_sgd())
+
+        def tweak():
+            # a parameter rebound inside the call, before its forward, without a kernel: the
+            # arrays the call started with no longer predict it
+            net.fc.W.array = jax.numpy.asarray(tensor.to_numpy(net.fc.W) * 0.5)
+
+        losses, counts = [], []
+        for step in range(steps):
+            if step == tweak_at:
+                net.before_forward.append(tweak)
+            batch = 1 if small_last and step == steps - 1 else 2
+            net.train()
+            (_, loss), count = _counted(lambda: net(*_data(seed=step, batch=batch)))
+            losses.append(tensor.to_numpy(loss))
+            counts.append(count)
+        net.eval()
+        evals = []
+        for i in range(6):
+            out, count = _counted(lambda: net(_data(seed=100 + i)[0]))
+            evals.append(tensor.to_numpy(out))
+            counts.append(count)
+    return losses, _states(net), evals, counts
+
+
+def _assert_identical(a, b):
+    """Speculated vs not: the same compiled programs on the same arrays -- bit for bit on the
+    CPU. (On a GPU a run's first steps, op by op or by a program an earlier test compiled for
+    the same sequence, may differ from the other run's by TF32's rounding: two programs.)"""
+    def same(x, y, err_msg=""):
+        if jax.default_backend() == "cpu":
+            np.testing.assert_array_equal(x, y, err_msg=err_msg)
+        else:
+            np.testing.assert_allclose(x, y, **_close(), err_msg=err_msg)
+
+    for la, lb in zip(a[0], b[0]):
+        same(la, lb)
+    assert a[1].keys() == b[1].keys()
+    for k in a[1]:
+        same(a[1][k], b[1][k], err_msg=k)
+    for ea, eb in zip(a[2], b[2]):
+        same(ea, eb)
+
+
+# a recurring sequence is compiled at its second run and has a plan after its third (learnt
+# from the second and third runs of its program): from its fourth call on it runs ahead
+LEARNT = 3
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["here", "launching-thread"])
+def test_a_recurring_step_starts_on_predicted_inputs_and_equals_the_unspeculated(monkeypatch,
+                                                                                in_thread):
+    """Also with the program launched from replay's thread (a GPU's rule, forced here)."""
+    monkeypatch.setitem(xla_options.LAUNCHES_IN_THREAD, device.get_default_device().platform,
+                        in_thread)
+    calls_at_start = []
+    real = replay._speculate
+
+    def spy(segment, plan):
+        calls_at_start.append(len(segment.calls))
+        real(segment, plan)
+
+    monkeypatch.setattr(replay, "_speculate", spy)
+    speculated = _speculation_run(True, monkeypatch)
+    plain = _speculation_run(False, monkeypatch)
+    _assert_identical(speculated, plain)
+    counts = speculated[3]
+    # every training step and evaluation after the first few ran ahead; none mispredicted
+    assert counts[LEARNT:12] == [(1, 0)] * (12 - LEARNT)
+    assert counts[12 + LEARNT:] == [(1, 0)] * (6 - LEARNT)
+    assert all(c == (0, 0) for c in plain[3])
+    # each started after the segment's first recorded call: the batch and the state are the
+    # arrays the call started with
+    assert calls_at_start and set(calls_at_start) == {1}
+    losses = [float(np.ravel(v)[0]) for v in speculated[0]]
+    assert losses[-1] < losses[0]
+
+
+def test_a_mispredicted_input_discards_the_speculated_program(monkeypatch):
+    speculated = _speculation_run(True, monkeypatch, tweak_at=8)
+    plain = _speculation_run(False, monkeypatch, tweak_at=8)
+    _assert_identical(speculated, plain)
+    counts = speculated[3]
+    assert counts[8] == (0, 1)  # run ahead on the old parameter, discarded
+    assert counts[9:12] == [(1, 0)] * 3  # one miss keeps the plan
+
+
+def test_a_smaller_last_batch_is_not_speculated(monkeypatch):
+    speculated = _speculation_run(True, monkeypatch, small_last=True)
+    plain = _speculation_run(False, monkeypatch, small_last=True)
+    _assert_identical(speculated, plain)
+    assert speculated[3][LEARNT:11] == [(1, 0)] * (11 - LEARNT)
+    assert speculated[3][11] == (0, 0)  # another batch shape: nothing run ahead
+
+
+def test_a_training_loop_without_a_model_call_is_speculated_from_the_last_step(monkeypatch):
+    """A user's own loop (forward, loss, optimizer): no call arguments, so the parameters are
+    predicted as the last step's program outputs; the batch, new each step, is read by the
+    first operator (x) and the loss (y), so the program starts at the loss."""
+    results, starts = [], []
+    real = replay._speculate
+
+    def spy(segment, plan):
+        end, depth = plan.end, 0
+        while end is not None:
+            end, depth = end.parent, depth + 1
+        starts.append((len(segment.calls), depth - 1))  # (calls so far, calls of the step)
+        real(segment, plan)
+
+    monkeypatch.setattr(replay, "_speculate", spy)
+    for speculate in (True, False):
+        monkeypatch.setattr(replay, "SPECULATE", speculate)
+        with autograd.eager_replay(True):
+            net = _build(_sgd())
+            net.train()
+            losses, counts = [], []
+
+            def step(x, y):
+                loss = net.loss(net.forward(x), y)
+                net.optimizer(loss)
+                return loss
+
+            for i in range(12):
+                loss, count = _counted(lambda: step(*_data(seed=i)))
+                losses.append(tensor.to_numpy(loss))
+                counts.append(count)
+            results.append((losses, _states(net), [], counts))
+    _assert_identical(results[0], results[1])
+    # (a plan learnt by an earlier test for the same sequence in a Model call cannot predict
+    # without the call's arrays: dropped after two steps, and this loop's learnt instead)
+    assert results[0][3][-4:] == [(1, 0)] * 4
+    # started once the loss was recorded: the walk, the update and the step still to come
+    so_far, of_step = starts[-1]
+    assert so_far == of_step - 3
+
+
+def test_a_launching_thread_in_another_jax_context_leaves_the_program_to_the_flush(monkeypatch):
+    """A step run in a thread-local JAX scope that keys jit's executables (here a matmul
+    precision): the launching thread, outside it, would run another executable -- so it runs
+    nothing, and the flush calls the program as without speculation."""
+    monkeypatch.setitem(xla_options.LAUNCHES_IN_THREAD, device.get_default_device().platform,
+                        True)
+    with jax.default_matmul_precision("highest"):
+        speculated = _speculation_run(True, monkeypatch)
+        plain = _speculation_run(False, monkeypatch)
+    _assert_identical(speculated, plain)
+    assert all(ran_ahead == 0 for ran_ahead, _ in speculated[3]), speculated[3]

@@ -70,7 +70,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="where to write the ONNX file")
     ap.add_argument("--quick", action="store_true", help="a few steps (for the test suite)")
     args = ap.parse_args(argv)
-    steps = 8 if args.quick else args.steps
+    steps = 30 if args.quick else args.steps
     train_x, train_y, test_x, test_y = load_digits_images(size=8)
 
     # 1. train in singa_jax

@@ -247,6 +247,8 @@ class Optimizer:
         pairs = [(s, t) for s, t in zip(self._schedules(), self._value_tensors())
                  if not (only_moving and s._constant)]
         pure = tuple(s for s, _ in pairs if s._pure)
+        if advance and len(pure) == len(pairs) and self._record_advance(pure, pairs):
+            return
         if advance and self._guarded():
             nxt, values, cleared = _advance_unless_skipped(pure, self.step_counter.array,
                                                            self._skip_state.array)
@@ -260,6 +262,28 @@ class Optimizer:
         it = iter(values)
         for sched, t in pairs:
             t.array = next(it) if sched._pure else sched(self.step_counter).array
+
+    def _record_advance(self, pure: Tuple[DecayScheduler, ...], pairs: List[Tuple]) -> bool:
+        """:meth:`step`'s kernel recorded by eager replay after the update it follows, when
+        that update was recorded (see :mod:`.replayed_update`): the counter, the guard's state
+        and the schedules' values are then outputs of the step's program, which the next step
+        can be predicted to take (see ``replay._Plan``). False: nothing pending to join."""
+        device = self.step_counter.device
+        guard = self._guarded()
+        if not replay.active() or not replay.pending(device) or \
+                (guard and self._skip_state.device is not device):
+            return False
+        if guard:
+            before = self._skip_state._data
+            nxt, values, cleared = replay.run(_advance_unless_skipped, (pure,),
+                                              [self.step_counter._data, before], device)
+            replay.bind_all([self._skip_state], [cleared])
+            if self.__dict__.get("_skip_watch") is before:  # (the same counts; one value less
+                self.__dict__["_skip_watch"] = cleared   # for the program to return)
+        else:
+            nxt, values = replay.run(_advance, (pure,), [self.step_counter._data], device)
+        replay.bind_all([self.step_counter] + [t for _, t in pairs], [nxt, *values])
+        return True
 
     def _refresh_values(self) -> None:
         self._store_values(only_moving=False, advance=False)
@@ -294,8 +318,15 @@ class Optimizer:
     # --- SINGA's API --------------------------------------------------------------------------
     def __call__(self, loss: Tensor) -> None:
         """Back-propagate from ``loss``, update every parameter, then :meth:`step`."""
-        self.call(loss)
+        if type(self).call is not Optimizer.call:  # (a subclass's own call)
+            self.call(loss)
+            self.step()
+            return
+        # call()'s work, with step() before the flush: a recorded update's step joins the
+        # step's program (see _record_advance)
+        self._apply_all(self._gradients(loss), loss)
         self.step()
+        replay.flush()
 
     def backward_and_update(self, loss: Tensor) -> None:
         """SINGA's older name of ``__call__``: backward, update all parameters, step."""
