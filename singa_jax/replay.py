@@ -406,6 +406,15 @@ _launcher: Optional[concurrent.futures.ThreadPoolExecutor] = None
 _launcher_lock = threading.Lock()
 
 
+def _forget_launcher() -> None:
+    global _launcher, _launcher_lock
+    _launcher, _launcher_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # a forked child has no launching thread: it makes its own
+    os.register_at_fork(after_in_child=_forget_launcher)
+
+
 def _launch_in_thread(program: Callable, inputs: List[Any]) -> concurrent.futures.Future:
     """``program(*inputs)`` called from replay's launching thread (see
     ``xla_options.LAUNCHES_IN_THREAD``): a Future of its outputs, or of None where that thread

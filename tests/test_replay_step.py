@@ -577,3 +577,27 @@ def test_a_launching_thread_in_another_jax_context_leaves_the_program_to_the_flu
         plain = _speculation_run(False, monkeypatch)
     _assert_identical(speculated, plain)
     assert all(ran_ahead == 0 for ran_ahead, _ in speculated[3]), speculated[3]
+
+
+def test_a_forked_child_launches_from_a_thread_of_its_own(tmp_path):
+    """After os.fork the parent's launching thread does not exist in the child: the child
+    makes its own (else its first speculated launch would wait forever)."""
+    script = tmp_path / "fork_launch.py"
+    script.write_text(
+        "import os, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "import jax.numpy as jnp\n"
+        "from singa_jax import replay, xla_options\n"
+        "program = xla_options.kernel(lambda a: a + 1)\n"
+        "x = jnp.arange(3.0)\n"
+        "assert float(replay._launch_in_thread(program, [x]).result(timeout=60)[0]) == 1.0\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    out = replay._launch_in_thread(program, [x]).result(timeout=60)\n"
+        "    os._exit(0 if float(out[2]) == 3.0 else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print('child', os.waitstatus_to_exitcode(status))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "child 0", done.stdout + done.stderr[-2000:]
