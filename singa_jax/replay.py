@@ -349,13 +349,14 @@ class _Plan:
         self.misses = 0  # in a row
 
 
-# mispredictions in a row that drop a plan; calls that must be left to record after a plan's
-# trigger (one: a training loop's loss reads its batch's labels, and after it come only the
-# walk and the update, three calls but most of the step's Python); the longest wait (in flushes) before learning again after
-# failed attempts (it doubles with each: a sequence whose inputs cannot be predicted costs
-# little)
+# mispredictions in a row that drop a plan
 _MISSES = 2
+# the longest wait, in flushes, before learning again after failed attempts (it doubles with
+# each: a sequence whose inputs cannot be predicted costs little)
 _LONGEST_WAIT = 64
+# calls that must be left to record after a plan's trigger: one (a user's loop's loss reads the
+# batch's labels, and after it come only the walk, the update and the step: three calls, but
+# most of the step's Python after the forward)
 _MIN_AHEAD = 1
 SPECULATE = os.environ.get("SINGA_JAX_REPLAY_SPECULATE", "1").lower() not in (
     "0", "false", "off", "no")
@@ -554,7 +555,6 @@ def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]
         trigger = trigger.parent
     end.last = None
     end.plan = trigger.speculate = _Plan(end, trigger, live, bound, sources[bound:], values)
-
 
 
 _stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0, "recomputed": 0,
