@@ -214,12 +214,12 @@ class _Segment:
         for ref, i in zip(self.tensors, self.bound):
             t = ref()
             if t is not None and t._data is leaves[i]:
-                held.append((t, i))
+                held.append((t, i, ref))
         live = _referenced(leaves)
         if self.soft and live is not None:
             # less the soft outputs no Tensor holds (only pullbacks, which the recorded
             # backward walk of this segment has served)
-            kept = {i for _, i in held}
+            kept = {i for _, i, _ in held}
             live = tuple([i for i in live if not leaves[i].soft or i in kept])
         if live not in programs and len(programs) >= _OUTPUT_SETS:
             live = None  # (this sequence ends with ever other outputs referenced: all of them)
@@ -248,8 +248,11 @@ class _Segment:
             _stats["op_by_op"] += 1
         for d, v in zip(leaves, values):
             d.value = v
-        for t, i in held:
+        for t, i, _ in held:
             t._data = leaves[i].value
+        # the Tensor each array handed out now is held by (see _Plan: a later segment's input
+        # that Tensor still holds is predicted as the Tensor's array then)
+        _local.holders = {id(leaves[i].value): ref for _, i, ref in held}
         # the inputs are dropped now, unless a soft output was not computed: then they are
         # kept while the segment lives, for recompute
         if not (self.soft and any([d.value is None for d in leaves if d.soft])):
@@ -338,7 +341,9 @@ class _Plan:
     bound) onwards. ``sources``: per later input, ``(0, k)`` the segment's input ``k`` again,
     ``(1, j)`` output ``j`` of the program's last run (``values``), ``(2, array)`` the same
     array as last time, ``(3, (i, aval))`` array ``i`` the Model call started with (see
-    :func:`call_arguments`), if it still has that aval."""
+    :func:`call_arguments`), if it still has that aval, ``(4, ref)`` the array the Tensor
+    ``ref()`` holds (a parameter another segment's program updated: a loop that reads its loss
+    before the backward, an evaluation forward after training steps)."""
 
     __slots__ = ("end", "trigger", "live", "start", "sources", "values", "misses")
 
@@ -384,6 +389,12 @@ def _speculate(segment: _Segment, plan: _Plan) -> None:
             v = values[x]
         elif kind == 2:
             v = x
+        elif kind == 4:
+            t = x()
+            v = t._data if t is not None else None
+            if type(v) is not _ArrayImpl:
+                _missed(plan)
+                return
         else:
             i, aval = x
             v = arguments[i] if i < len(arguments) else None
@@ -524,6 +535,7 @@ def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]
     _, last_ids, last_values = last
     outputs = {id(v): j for j, v in enumerate(last_values)}
     arguments = {id(a): i for i, a in enumerate(segment.arguments)}
+    holders = _local.holders  # (the flush before this one's)
     first: Dict[int, int] = {}
     sources: List[Any] = []
     unknown = -1
@@ -535,6 +547,8 @@ def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]
             sources.append((3, (arguments[i], e.aval)))
         elif i in outputs:
             sources.append((1, outputs[i]))
+        elif i in holders and holders[i]() is not None and holders[i]()._data is e:
+            sources.append((4, holders[i]))
         elif k < len(last_ids) and last_ids[k] == i:
             sources.append((2, e))
         else:
@@ -564,6 +578,7 @@ _stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0, "recompute
 class _Local(threading.local):
     segment: Optional[_Segment] = None
     arguments: Tuple = ()  # see call_arguments
+    holders: Dict[int, Any] = {}  # id of an array the last flush handed out -> its Tensor (weak)
     recording = True  # whether the last sequence between two flushes was long (MIN_RECORDS)
     ran = 0  # kernels run at once since the last flush
 

@@ -601,3 +601,34 @@ def test_a_forked_child_launches_from_a_thread_of_its_own(tmp_path):
                           timeout=240, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "child 0", done.stdout + done.stderr[-2000:]
+
+
+def test_an_evaluation_after_training_steps_predicts_parameters_from_their_tensors(monkeypatch):
+    """Evaluation forwards called directly (no Model call, so no call arrays) between training
+    phases: the parameters are new arrays after each phase, held by the same Tensors -- the
+    plan predicts them as what those Tensors hold, so every evaluation of a later phase runs
+    ahead (predicting "the same array as last time" would miss after each phase)."""
+    results = []
+    for speculate in (True, False):
+        monkeypatch.setattr(replay, "SPECULATE", speculate)
+        # a tree of sequences of its own: earlier tests' plans for the same sequence (from
+        # Model calls, predicting from the call's arrays) would have to be dropped first
+        monkeypatch.setattr(replay, "_ROOT", replay._Step(None, None))
+        with autograd.eager_replay(True):
+            net = _build(_sgd())
+            counts, outs = [], []
+            for phase in range(6):
+                for i in range(3):
+                    net.train()
+                    net(*_data(seed=phase * 3 + i))
+                for i in range(3):
+                    net.eval()
+                    # (the read runs the forward's segment: counted with it)
+                    out, count = _counted(
+                        lambda: tensor.to_numpy(net.forward(_data(seed=100 + i)[0])))
+                    outs.append(out)
+                    counts.append(count)
+            results.append((outs, _states(net), [], counts))
+    _assert_identical(results[0], results[1])
+    # phases 0-2 learn; from phase 3 every evaluation runs ahead, none mispredicted
+    assert results[0][3][9:] == [(1, 0)] * 9, results[0][3]
