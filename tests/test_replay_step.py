@@ -474,9 +474,19 @@ def _assert_identical(a, b):
         same(ea, eb)
 
 
-# a recurring sequence is compiled at its second run and has a plan after its third (learnt
-# from the second and third runs of its program): from its fourth call on it runs ahead
-LEARNT = 3
+# A recurring sequence is compiled at its second run and has a plan after its third (learnt
+# from the second and third runs of its program); a training step's whole sequence (its walk
+# recorded too) first occurs at its first or second call, depending on what earlier tests in
+# the process fused already. So a step runs ahead from its fourth or fifth call on.
+LEARNT = 4
+
+
+def _ahead_from(counts):
+    """The first call from which every one ran ahead, none mispredicted (len: none did)."""
+    first = len(counts)
+    while first > 0 and counts[first - 1] == (1, 0):
+        first -= 1
+    return first
 
 
 @pytest.mark.parametrize("in_thread", [False, True], ids=["here", "launching-thread"])
@@ -493,13 +503,16 @@ def test_a_recurring_step_starts_on_predicted_inputs_and_equals_the_unspeculated
         real(segment, plan)
 
     monkeypatch.setattr(replay, "_speculate", spy)
+    interval = sys.getswitchinterval()
     speculated = _speculation_run(True, monkeypatch)
     plain = _speculation_run(False, monkeypatch)
+    # (the launching thread shortens the switch interval only while a launch is pending)
+    assert sys.getswitchinterval() == interval
     _assert_identical(speculated, plain)
     counts = speculated[3]
     # every training step and evaluation after the first few ran ahead; none mispredicted
-    assert counts[LEARNT:12] == [(1, 0)] * (12 - LEARNT)
-    assert counts[12 + LEARNT:] == [(1, 0)] * (6 - LEARNT)
+    assert _ahead_from(counts[:12]) <= LEARNT, counts
+    assert _ahead_from(counts[12:]) <= 3, counts  # (no walk to fuse first)
     assert all(c == (0, 0) for c in plain[3])
     # each started after the segment's first recorded call: the batch and the state are the
     # arrays the call started with
@@ -521,7 +534,7 @@ def test_a_smaller_last_batch_is_not_speculated(monkeypatch):
     speculated = _speculation_run(True, monkeypatch, small_last=True)
     plain = _speculation_run(False, monkeypatch, small_last=True)
     _assert_identical(speculated, plain)
-    assert speculated[3][LEARNT:11] == [(1, 0)] * (11 - LEARNT)
+    assert _ahead_from(speculated[3][:11]) <= LEARNT, speculated[3]
     assert speculated[3][11] == (0, 0)  # another batch shape: nothing run ahead
 
 
