@@ -48,6 +48,7 @@ import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Sequence
+from unittest import mock
 
 import jax
 import numpy as np
@@ -243,18 +244,7 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
 
     def in_pieces(fn: Callable[[], None], calls: int) -> Callable[[], None]:
         """``fn`` with replay's segments dispatched every ``calls`` calls (0: one program)."""
-        def run():
-            table = xla_options.REPLAY_PIECE_CALLS
-            had, before = platform in table, table.get(platform)
-            table[platform] = calls or None
-            try:
-                fn()
-            finally:
-                if had:
-                    table[platform] = before
-                else:
-                    del table[platform]
-        return run
+        return mock.patch.dict(xla_options.REPLAY_PIECE_CALLS, {platform: calls or None})(fn)
 
     variants = {"eager train": trainer(eager, "eager"), "graph train": trainer(graph, "graph"),
                 "op-by-op train": op_by_op(trainer(eager, "eager")),
@@ -266,13 +256,7 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
 
     def unspeculated(fn: Callable[[], None]) -> Callable[[], None]:
         """``fn`` with replay's speculation off (each program dispatched at its flush)."""
-        def run():
-            replay.SPECULATE = False
-            try:
-                fn()
-            finally:
-                replay.SPECULATE = True
-        return run
+        return mock.patch.object(replay, "SPECULATE", False)(fn)
 
     if no_speculation:
         variants["eager train unspec"] = unspeculated(trainer(eager, "eager"))

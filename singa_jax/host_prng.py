@@ -18,7 +18,7 @@ from typing import Any, Tuple
 import jax
 import numpy as np
 
-__all__ = ["supported", "split", "fold_in", "threefry2x32"]
+__all__ = ["supported", "raw_key_layout", "split", "fold_in", "threefry2x32"]
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
@@ -45,11 +45,16 @@ def threefry2x32(key: np.ndarray, x1: np.ndarray, x2: np.ndarray
     return x[0], x[1]
 
 
+def raw_key_layout(key: Any) -> bool:
+    """Whether ``key`` (an array or a tracer) is laid out as a raw key: two uint32 words."""
+    return key.shape == (2,) and key.dtype == np.uint32
+
+
 def supported(key: Any) -> bool:
     """Whether ``key`` is a concrete raw threefry key whose operations this module reproduces
     (JAX's default key settings)."""
     return (isinstance(key, (jax.Array, np.ndarray)) and not isinstance(key, jax.core.Tracer)
-            and key.shape == (2,) and key.dtype == np.uint32
+            and raw_key_layout(key)
             and jax.config.jax_threefry_partitionable
             and jax.config.jax_default_prng_impl == "threefry2x32")
 

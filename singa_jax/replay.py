@@ -338,12 +338,12 @@ def _abstract_outputs(call: Callable, statics: Tuple, avals: Tuple) -> Any:
 class _Plan:
     """How to predict the outside inputs of a segment ending at ``end`` from the point
     (``trigger``, after the call that binds the last unpredictable input, ``start`` inputs
-    bound) onwards. ``sources``: per later input, ``(0, k)`` the segment's input ``k`` again,
-    ``(1, j)`` output ``j`` of the program's last run (``values``), ``(2, array)`` the same
-    array as last time, ``(3, (i, aval))`` array ``i`` the Model call started with (see
-    :func:`call_arguments`), if it still has that aval, ``(4, ref)`` the array the Tensor
-    ``ref()`` holds (a parameter another segment's program updated: a loop that reads its loss
-    before the backward, an evaluation forward after training steps)."""
+    bound) onwards. ``sources``: per later input, ``(_AGAIN, k)`` the segment's input ``k``
+    again, ``(_OUTPUT, j)`` output ``j`` of the program's last run (``values``),
+    ``(_SAME, array)`` the same array as last time, ``(_ARGUMENT, (i, aval))`` array ``i`` the
+    Model call started with (see :func:`call_arguments`), if it still has that aval,
+    ``(_HELD, ref)`` the array the Tensor ``ref()`` holds (a parameter another segment's program
+    updated: an evaluation forward after training steps)."""
 
     __slots__ = ("end", "trigger", "live", "start", "sources", "values", "misses")
 
@@ -354,6 +354,8 @@ class _Plan:
         self.misses = 0  # in a row
 
 
+# where a predicted input comes from (see _Plan)
+_AGAIN, _OUTPUT, _SAME, _ARGUMENT, _HELD = range(5)
 # mispredictions in a row that drop a plan
 _MISSES = 2
 # the longest wait, in flushes, before learning again after failed attempts (it doubles with
@@ -383,22 +385,20 @@ def _speculate(segment: _Segment, plan: _Plan) -> None:
         return
     arguments, values = segment.arguments, plan.values
     for kind, x in plan.sources:
-        if kind == 0:
+        if kind == _AGAIN:
             v = predicted[x]
-        elif kind == 1:
+        elif kind == _OUTPUT:
             v = values[x]
-        elif kind == 2:
+        elif kind == _SAME:
             v = x
-        elif kind == 4:
-            t = x()
-            v = t._data if t is not None else None
-            if type(v) is not _ArrayImpl:
-                _missed(plan)
-                return
         else:
-            i, aval = x
-            v = arguments[i] if i < len(arguments) else None
-            if type(v) is not _ArrayImpl or v.aval != aval:
+            if kind == _HELD:
+                t = x()
+                v, aval = (None if t is None else t._data), None
+            else:  # _ARGUMENT
+                i, aval = x
+                v = arguments[i] if i < len(arguments) else None
+            if type(v) is not _ArrayImpl or (aval is not None and v.aval != aval):
                 # (e.g. a smaller last batch; or a loop that makes no Model call and would
                 # need another plan: a second time in a row drops this one)
                 _missed(plan)
@@ -541,16 +541,17 @@ def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]
     unknown = -1
     for k, e in enumerate(externals):
         i = id(e)
+        holder = holders.get(i)
         if first.setdefault(i, k) != k:
-            sources.append((0, first[i]))
+            sources.append((_AGAIN, first[i]))
         elif i in arguments:
-            sources.append((3, (arguments[i], e.aval)))
+            sources.append((_ARGUMENT, (arguments[i], e.aval)))
         elif i in outputs:
-            sources.append((1, outputs[i]))
-        elif i in holders and holders[i]() is not None and holders[i]()._data is e:
-            sources.append((4, holders[i]))
+            sources.append((_OUTPUT, outputs[i]))
+        elif holder is not None and getattr(holder(), "_data", None) is e:
+            sources.append((_HELD, holder))
         elif k < len(last_ids) and last_ids[k] == i:
-            sources.append((2, e))
+            sources.append((_SAME, e))
         else:
             sources.append(None)
             unknown = k

@@ -93,7 +93,7 @@ def draw(kind: str, key: jax.Array, params: Sequence[float], shape: Tuple[int, .
             values = _host_samples(key, params, kind, shape, dtype)
             return (jax.device_put(values, key.sharding) if isinstance(key, jax.Array)
                     else values)
-        if isinstance(key, jax.core.Tracer) and key.shape == (2,) and key.dtype == np.uint32:
+        if isinstance(key, jax.core.Tracer) and host_prng.raw_key_layout(key):
             # a layer built inside a traced step (graph mode's first call): the same host
             # samples, drawn when the program runs with the key's value
             return jax.pure_callback(

@@ -247,43 +247,41 @@ class Optimizer:
         pairs = [(s, t) for s, t in zip(self._schedules(), self._value_tensors())
                  if not (only_moving and s._constant)]
         pure = tuple(s for s, _ in pairs if s._pure)
-        if advance and len(pure) == len(pairs) and self._record_advance(pure, pairs):
-            return
-        if advance and self._guarded():
-            nxt, values, cleared = _advance_unless_skipped(pure, self.step_counter.array,
-                                                           self._skip_state.array)
-            self.step_counter.array = nxt
-            self._skip_state.array = cleared
-        elif advance:
-            nxt, values = _advance(pure, self.step_counter.array)
-            self.step_counter.array = nxt
+        if advance:
+            # the counter (and, under the guard, its state) advanced by one kernel
+            state = [self.step_counter] + ([self._skip_state] if self._guarded() else [])
+            kernel = _advance_unless_skipped if len(state) == 2 else _advance
+            device = self._step_recording_device(state) if len(pure) == len(pairs) else None
+            if device is not None:
+                # the update this step follows was recorded (see .replayed_update): so is the
+                # step, whose outputs the next step's program can then be predicted to take
+                # (see replay._Plan)
+                nxt, values, *rest = replay.run(kernel, (pure,), [t._data for t in state],
+                                                device)
+                if rest and self.__dict__.get("_skip_watch") is state[1]._data:
+                    # (the report watches the cleared state: the same counts, and one output
+                    # fewer for the program to return)
+                    self.__dict__["_skip_watch"] = rest[0]
+                replay.bind_all(state + [t for _, t in pairs], [nxt, *rest, *values])
+                return
+            nxt, values, *rest = kernel(pure, *[t.array for t in state])
+            for t, a in zip(state, [nxt, *rest]):
+                t.array = a
         else:
             values = _eval_schedules(pure, self.step_counter.array) if pure else ()
         it = iter(values)
         for sched, t in pairs:
             t.array = next(it) if sched._pure else sched(self.step_counter).array
 
-    def _record_advance(self, pure: Tuple[DecayScheduler, ...], pairs: List[Tuple]) -> bool:
-        """:meth:`step`'s kernel recorded by eager replay after the update it follows, when
-        that update was recorded (see :mod:`.replayed_update`): the counter, the guard's state
-        and the schedules' values are then outputs of the step's program, which the next step
-        can be predicted to take (see ``replay._Plan``). False: nothing pending to join."""
-        device = self.step_counter.device
-        guard = self._guarded()
-        if not replay.active() or not replay.pending(device) or \
-                (guard and self._skip_state.device is not device):
-            return False
-        if guard:
-            before = self._skip_state._data
-            nxt, values, cleared = replay.run(_advance_unless_skipped, (pure,),
-                                              [self.step_counter._data, before], device)
-            replay.bind_all([self._skip_state], [cleared])
-            if self.__dict__.get("_skip_watch") is before:  # (the same counts; one value less
-                self.__dict__["_skip_watch"] = cleared   # for the program to return)
-        else:
-            nxt, values = replay.run(_advance, (pure,), [self.step_counter._data], device)
-        replay.bind_all([self.step_counter] + [t for _, t in pairs], [nxt, *values])
-        return True
+    @staticmethod
+    def _step_recording_device(state: List[Tensor]) -> Optional[Device]:
+        """The device whose pending eager-replay segment :meth:`step`'s kernel joins (every
+        Tensor of ``state`` there, an update recorded there before it), or None."""
+        device = state[0].device
+        if replay.active() and replay.pending(device) and \
+                all(t.device is device for t in state):
+            return device
+        return None
 
     def _refresh_values(self) -> None:
         self._store_values(only_moving=False, advance=False)
@@ -323,7 +321,7 @@ class Optimizer:
             self.step()
             return
         # call()'s work, with step() before the flush: a recorded update's step joins the
-        # step's program (see _record_advance)
+        # step's program (see _store_values)
         self._apply_all(self._gradients(loss), loss)
         self.step()
         replay.flush()
