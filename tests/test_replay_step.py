@@ -212,6 +212,30 @@ def test_an_evaluation_forward_is_dispatched_in_pieces_and_a_training_step_is_no
             xla_options._piece_setting(bad)
 
 
+def test_pieces_do_not_run_ahead(monkeypatch):
+    """An evaluation in pieces (an accelerator's rule, forced here) is never speculated: each
+    piece already runs on the device while the next is recorded (measured: speculating them
+    too was slower). Its recurring pieces still replay, and equal op by op."""
+    monkeypatch.setattr(replay, "SPECULATE", True)
+    monkeypatch.setattr(xla_options, "_PIECE_ENV", None)
+    monkeypatch.setitem(xla_options.REPLAY_PIECE_CALLS,
+                        device.get_default_device().platform, 3)
+    net = _build(_sgd())
+    x, _ = _data()
+    net.eval()
+    with autograd.eager_replay(True):
+        before = replay.stats()
+        for _ in range(8):
+            pieces = tensor.to_numpy(net(x))
+        after = replay.stats()
+    assert after["replayed"] - before["replayed"] >= 3 * 6  # (compiled at their second run)
+    assert after["speculated"] == before["speculated"]
+    assert after["mispredicted"] == before["mispredicted"]
+    with autograd.eager_replay(False):
+        plain = tensor.to_numpy(net(x))
+    np.testing.assert_allclose(pieces, plain, **_close())
+
+
 def test_a_second_backward_through_a_replayed_step_recomputes_its_residuals():
     results = []
     for replayed in (True, False):
@@ -423,12 +447,21 @@ def _counted(fn):
                     after["mispredicted"] - before["mispredicted"])
 
 
+def _evaluation_in_one_program(monkeypatch):
+    """An evaluation forward as one program on every backend, as on a CPU (an accelerator's
+    pieces do not speculate: test_pieces_do_not_run_ahead)."""
+    monkeypatch.setattr(xla_options, "_PIECE_ENV", None)
+    monkeypatch.setitem(xla_options.REPLAY_PIECE_CALLS, device.get_default_device().platform,
+                        None)
+
+
 def _speculation_run(speculate, monkeypatch, steps=12, tweak_at=None, small_last=False):
     """Train with a new batch every step (as a data loader gives them), then evaluate, with or
     without speculation; returns losses, states, the evaluation's outputs and per call
     ``(speculated, mispredicted)``. (The tree of sequences outlives a test: a model of the
     same structure built by an earlier test finds its plans, and may mispredict at first.)"""
     monkeypatch.setattr(replay, "SPECULATE", speculate)
+    _evaluation_in_one_program(monkeypatch)
     with autograd.eager_replay(True):
         net = _build(_sgd())
 
@@ -622,6 +655,7 @@ def test_an_evaluation_after_training_steps_predicts_parameters_from_their_tenso
     plan predicts them as what those Tensors hold, so every evaluation of a later phase runs
     ahead (predicting "the same array as last time" would miss after each phase)."""
     results = []
+    _evaluation_in_one_program(monkeypatch)
     for speculate in (True, False):
         monkeypatch.setattr(replay, "SPECULATE", speculate)
         # a tree of sequences of its own: earlier tests' plans for the same sequence (from
