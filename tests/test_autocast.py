@@ -194,7 +194,10 @@ def test_bfloat16_training_matches_float32_accuracy_eager_and_graph(cls, digits)
     m_graph, out_graph, acc_graph = _train(cls, digits, "bfloat16", graph=True)
     m_eager, out_eager, acc_eager = _train(cls, digits, "bfloat16", graph=False)
     assert acc32 > 0.93
-    assert acc_graph >= acc32 - 0.01 and acc_eager >= acc32 - 0.01, (acc32, acc_graph, acc_eager)
+    # 389 test digits: an accuracy near 0.98 has a standard error of ~0.7%, so two trainings
+    # in different arithmetic differ by a few digits (an H200 run: 0.990 float32/TF32, 0.979
+    # bfloat16 graph mode); within 2% (8 digits), while a broken bfloat16 training falls far
+    assert acc_graph >= acc32 - 0.02 and acc_eager >= acc32 - 0.02, (acc32, acc_graph, acc_eager)
     assert out_graph.dtype == out_eager.dtype == BF16  # the logits: the compute dtype
     for m in (m_graph, m_eager):
         assert all(t.dtype == jnp.float32 for t in m.get_states().values())
