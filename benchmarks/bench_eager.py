@@ -293,8 +293,9 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
     mean = {k: statistics.fmean(v) for k, v in times.items()}
     dev = jax.devices()[0]
     piece = xla_options.replay_piece_calls(dev.platform)
+    evaluation = f"in pieces of {piece} calls" if piece else "as one program"
     print(f"[{net_kind}] {dev.platform} ({dev.device_kind}); {n_ops} operators per forward; "
-          f"replay runs an evaluation {f'in pieces of {piece} calls' if piece else 'as one program'}"
+          f"replay runs an evaluation {evaluation}"
           f"{'; gc.freeze() after the warm-up' if gc_freeze else ''}; singa_jax's GC tuning "
           f"{'on' if gc_tuning.tuned() else 'off'}; load average {os.getloadavg()[0]:.1f}")
     for k, v in med.items():
