@@ -11,7 +11,14 @@ the CPU: what is left is per array"). Each step waits for its results before the
 are freed; call and free are timed apart, medians of ``--steps``, the two variants taking turns
 ``--rounds`` times.
 
+``--in-step`` measures the same cost inside singa_jax's eager training step instead: the
+dispatch-bound network of ``bench_eager.py`` (100 x [Conv2d, BatchNorm2d, ReLU], SGD with
+momentum) with and without the convolutions' biases -- the same 303 operators, 200 state
+arrays fewer (100 biases and their 100 momentum slots) -- taking turns in one process, blocks
+of 8 steps, each step waiting for all of its results.
+
     .venv/bin/python benchmarks/bench_state_arrays.py [--arrays 1000] [--groups 10]
+    .venv/bin/python benchmarks/bench_state_arrays.py --in-step [--rounds 10]
 """
 from __future__ import annotations
 
@@ -47,13 +54,76 @@ def _time(program: Callable, state: List[jax.Array], steps: int) -> Tuple[float,
     return statistics.median(calls) * 1e3, statistics.median(frees) * 1e3
 
 
+def _in_step(rounds: int) -> None:
+    """The eager step's time with and without 200 of its state arrays (see the docstring)."""
+    import os
+    import sys
+
+    import numpy as np
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_eager
+    from singa_jax import device, layer, opt, tensor
+
+    class NoBias(bench_eager.Deep):
+        def __init__(self, depth: int = 100, channels: int = 8):
+            super().__init__(depth, channels)
+            for i in range(depth):
+                setattr(self, f"conv{i}",
+                        layer.Conv2d(channels, channels, 3, padding=1, bias=False))
+
+    def build(cls):
+        device.get_default_device().SetRandSeed(0)
+        net = cls()
+        net.set_optimizer(opt.SGD(lr=bench_eager.LR, momentum=bench_eager.MOMENTUM))
+        net.compile([tensor.Tensor((1, 8, 8, 8))], is_train=True, use_graph=False)
+        return net
+
+    rng = np.random.default_rng(0)
+    xs = [tensor.from_numpy(rng.standard_normal((1, 8, 8, 8)).astype(np.float32))
+          for _ in range(4)]
+    ys = [tensor.from_numpy(np.array([i], np.int32)) for i in range(4)]
+    nets = {"with biases": build(bench_eager.Deep), "without": build(NoBias)}
+    held = {}
+    for name, net in nets.items():
+        net.train()
+        net(xs[0], ys[0])
+        net(xs[1], ys[1])  # (the optimizer's slots exist from the first step)
+        held[name] = bench_eager._state(net)
+
+    def train(name: str, i: int) -> None:
+        _, loss = nets[name](xs[i % 4], ys[i % 4])
+        jax.block_until_ready([loss.array] + [t.array for t in held[name]])
+
+    for i in range(12):  # compiled, fused and speculated from here on
+        for name in nets:
+            train(name, i)
+    times = {name: [] for name in nets}
+    for _ in range(rounds):
+        for name in nets:
+            for i in range(8):
+                start = time.perf_counter()
+                train(name, i)
+                times[name].append(time.perf_counter() - start)
+    with_b, without = (statistics.median(times[k]) * 1e3 for k in nets)
+    fewer = len(held["with biases"]) - len(held["without"])
+    print(f"eager step: {len(held['with biases'])} state arrays {with_b:.2f} ms, "
+          f"{len(held['without'])} {without:.2f} ms: {(with_b - without) / fewer * 1e3:.1f} us "
+          f"per state array (with its gradient's handling)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arrays", type=int, default=1000)
     parser.add_argument("--groups", type=int, default=10)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--in-step", action="store_true",
+                        help="time singa_jax's eager step with and without 200 state arrays")
     args = parser.parse_args()
+    if args.in_step:
+        _in_step(max(args.rounds, 10))
+        return
     if args.arrays % args.groups:
         parser.error("--arrays must be a multiple of --groups")
     size = 1
