@@ -65,11 +65,11 @@ _EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 class Deep(model.Model):
     """``depth`` x [Conv2d(8, 8, 3, padding=1), BatchNorm2d(8), ReLU], Flatten, Linear(10)."""
 
-    def __init__(self, depth: int = 100, channels: int = 8):
+    def __init__(self, depth: int = 100, channels: int = 8, bias: bool = True):
         super().__init__()
         self.depth = depth
         for i in range(depth):
-            setattr(self, f"conv{i}", layer.Conv2d(channels, channels, 3, padding=1))
+            setattr(self, f"conv{i}", layer.Conv2d(channels, channels, 3, padding=1, bias=bias))
             setattr(self, f"bn{i}", layer.BatchNorm2d(channels))
             setattr(self, f"relu{i}", layer.ReLU())
         self.flatten = layer.Flatten()
@@ -98,9 +98,11 @@ def _shape(net_kind: str, batch: int, depth: int) -> tuple:
     return (1, 8, 8, 8) if net_kind == "deep" else (batch, 3, 224, 224)
 
 
-def build(net_kind: str, batch: int, depth: int, use_graph: bool, seed: int = 0):
+def build(net_kind: str, batch: int, depth: int, use_graph: bool, seed: int = 0,
+          bias: bool = True):
+    """``bias``: the deep network's convolutions with biases (their state arrays)."""
     device.get_default_device().SetRandSeed(seed)
-    net = Deep(depth) if net_kind == "deep" else _resnet50()
+    net = Deep(depth, bias=bias) if net_kind == "deep" else _resnet50()
     net.set_optimizer(opt.SGD(lr=LR, momentum=MOMENTUM))
     net.compile([tensor.Tensor(_shape(net_kind, batch, depth))], is_train=True,
                 use_graph=use_graph)

@@ -23,6 +23,7 @@ of 8 steps, each step waiting for all of its results.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from typing import Callable, List, Tuple
@@ -44,46 +45,28 @@ def _time(program: Callable, state: List[jax.Array], steps: int) -> Tuple[float,
     calls, frees = [], []
     for _ in range(steps):
         start = time.perf_counter()
-        new = program(*state)
+        old, state = state, program(*state)
         calls.append(time.perf_counter() - start)
-        jax.block_until_ready(new)
+        jax.block_until_ready(state)
         start = time.perf_counter()
-        del state  # the last references to the old arrays
+        del old  # the last references to the old arrays
         frees.append(time.perf_counter() - start)
-        state = new
     return statistics.median(calls) * 1e3, statistics.median(frees) * 1e3
 
 
 def _in_step(rounds: int) -> None:
     """The eager step's time with and without 200 of its state arrays (see the docstring)."""
-    import os
-    import sys
-
     import numpy as np
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench_eager
-    from singa_jax import device, layer, opt, tensor
+    import bench_eager  # (beside this script: on sys.path when it runs)
+    from singa_jax import tensor
 
-    class NoBias(bench_eager.Deep):
-        def __init__(self, depth: int = 100, channels: int = 8):
-            super().__init__(depth, channels)
-            for i in range(depth):
-                setattr(self, f"conv{i}",
-                        layer.Conv2d(channels, channels, 3, padding=1, bias=False))
-
-    def build(cls):
-        device.get_default_device().SetRandSeed(0)
-        net = cls()
-        net.set_optimizer(opt.SGD(lr=bench_eager.LR, momentum=bench_eager.MOMENTUM))
-        net.compile([tensor.Tensor((1, 8, 8, 8))], is_train=True, use_graph=False)
-        return net
-
+    nets = {"with biases": bench_eager.build("deep", 1, 100, use_graph=False),
+            "without": bench_eager.build("deep", 1, 100, use_graph=False, bias=False)}
     rng = np.random.default_rng(0)
     xs = [tensor.from_numpy(rng.standard_normal((1, 8, 8, 8)).astype(np.float32))
           for _ in range(4)]
     ys = [tensor.from_numpy(np.array([i], np.int32)) for i in range(4)]
-    nets = {"with biases": build(bench_eager.Deep), "without": build(NoBias)}
     held = {}
     for name, net in nets.items():
         net.train()
@@ -126,9 +109,7 @@ def main() -> None:
         return
     if args.arrays % args.groups:
         parser.error("--arrays must be a multiple of --groups")
-    size = 1
-    for d in SHAPE:
-        size *= d
+    size = math.prod(SHAPE)
     per_group = args.arrays // args.groups
 
     each = jax.jit(lambda *arrays: [_update(a) for a in arrays])

@@ -173,6 +173,14 @@ def test_replayed_steps_equal_op_by_op(make_optimizer):
     assert losses[-1] < losses[0]
 
 
+def _evaluation_in_pieces(monkeypatch, calls):
+    """Replay dispatches a segment that keeps no backward state every ``calls`` calls on the
+    default device (None: one program), SINGA_JAX_REPLAY_PIECE ignored."""
+    monkeypatch.setattr(xla_options, "_PIECE_ENV", None)
+    monkeypatch.setitem(xla_options.REPLAY_PIECE_CALLS, device.get_default_device().platform,
+                        calls)
+
+
 def test_an_evaluation_forward_is_dispatched_in_pieces_and_a_training_step_is_not(monkeypatch):
     """On an accelerator a recorded segment that keeps no backward state is dispatched every
     REPLAY_PIECE_CALLS calls (the device runs it while the host records the rest); a training
@@ -181,8 +189,7 @@ def test_an_evaluation_forward_is_dispatched_in_pieces_and_a_training_step_is_no
     monkeypatch.setattr(xla_options, "_PIECE_ENV", None)  # (SINGA_JAX_REPLAY_PIECE ignored)
     assert xla_options.replay_piece_calls("cpu") is None  # the CPU's own rule: one program
     assert xla_options.replay_piece_calls("gpu") == xla_options.REPLAY_PIECE_CALLS_ELSEWHERE
-    monkeypatch.setitem(xla_options.REPLAY_PIECE_CALLS,
-                        device.get_default_device().platform, 3)
+    _evaluation_in_pieces(monkeypatch, 3)
     net = _build(_sgd())
     x, y = _data()
     with autograd.eager_replay(True):
@@ -217,9 +224,7 @@ def test_pieces_do_not_run_ahead(monkeypatch):
     piece already runs on the device while the next is recorded (measured: speculating them
     too was slower). Its recurring pieces still replay, and equal op by op."""
     monkeypatch.setattr(replay, "SPECULATE", True)
-    monkeypatch.setattr(xla_options, "_PIECE_ENV", None)
-    monkeypatch.setitem(xla_options.REPLAY_PIECE_CALLS,
-                        device.get_default_device().platform, 3)
+    _evaluation_in_pieces(monkeypatch, 3)
     net = _build(_sgd())
     x, _ = _data()
     net.eval()
@@ -447,21 +452,15 @@ def _counted(fn):
                     after["mispredicted"] - before["mispredicted"])
 
 
-def _evaluation_in_one_program(monkeypatch):
-    """An evaluation forward as one program on every backend, as on a CPU (an accelerator's
-    pieces do not speculate: test_pieces_do_not_run_ahead)."""
-    monkeypatch.setattr(xla_options, "_PIECE_ENV", None)
-    monkeypatch.setitem(xla_options.REPLAY_PIECE_CALLS, device.get_default_device().platform,
-                        None)
-
-
 def _speculation_run(speculate, monkeypatch, steps=12, tweak_at=None, small_last=False):
     """Train with a new batch every step (as a data loader gives them), then evaluate, with or
     without speculation; returns losses, states, the evaluation's outputs and per call
     ``(speculated, mispredicted)``. (The tree of sequences outlives a test: a model of the
     same structure built by an earlier test finds its plans, and may mispredict at first.)"""
     monkeypatch.setattr(replay, "SPECULATE", speculate)
-    _evaluation_in_one_program(monkeypatch)
+    # an evaluation as one program on every backend, as on a CPU (an accelerator's pieces
+    # do not speculate: test_pieces_do_not_run_ahead)
+    _evaluation_in_pieces(monkeypatch, None)
     with autograd.eager_replay(True):
         net = _build(_sgd())
 
@@ -655,7 +654,9 @@ def test_an_evaluation_after_training_steps_predicts_parameters_from_their_tenso
     plan predicts them as what those Tensors hold, so every evaluation of a later phase runs
     ahead (predicting "the same array as last time" would miss after each phase)."""
     results = []
-    _evaluation_in_one_program(monkeypatch)
+    # an evaluation as one program on every backend, as on a CPU (an accelerator's pieces
+    # do not speculate: test_pieces_do_not_run_ahead)
+    _evaluation_in_pieces(monkeypatch, None)
     for speculate in (True, False):
         monkeypatch.setattr(replay, "SPECULATE", speculate)
         # a tree of sequences of its own: earlier tests' plans for the same sequence (from

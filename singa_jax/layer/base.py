@@ -59,12 +59,9 @@ def _initialization_scope() -> Iterator[None]:
     """Where ``initialize`` runs: its random fills drawn on the host
     (:func:`modes.parameter_initialization`), and concretely under
     :func:`concrete_initialization`."""
-    with parameter_initialization():
-        if _CONCRETE_INIT.get():
-            with compile_time_eval():
-                yield
-        else:
-            yield
+    concrete = compile_time_eval() if _CONCRETE_INIT.get() else contextlib.nullcontext()
+    with parameter_initialization(), concrete:
+        yield
 
 # Float dtypes a layer's parameters may follow (SINGA's dtype_check casts parameters to the
 # input's dtype: its mixed-precision training feeds float16 batches to a model).

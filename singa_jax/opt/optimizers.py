@@ -31,7 +31,7 @@ from .schedules import _HYPER_SPECS, DecayScheduler, _advance, _as_schedule, _ev
 from .update import (UpdateRule, _adagrad_rule, _adam_rule, _advance_unless_skipped,
                      _fused_update, _rmsprop_rule, _sgd_rule, SEPARATE_TEST_FROM,
                      _finite_test)
-from .replayed_update import record_update, recording_device
+from .replayed_update import record_update, recording_device, step_recording_device
 from ..replay import Deferred
 
 
@@ -251,7 +251,7 @@ class Optimizer:
             # the counter (and, under the guard, its state) advanced by one kernel
             state = [self.step_counter] + ([self._skip_state] if self._guarded() else [])
             kernel = _advance_unless_skipped if len(state) == 2 else _advance
-            device = self._step_recording_device(state) if len(pure) == len(pairs) else None
+            device = step_recording_device(state) if len(pure) == len(pairs) else None
             if device is not None:
                 # the update this step follows was recorded (see .replayed_update): so is the
                 # step, whose outputs the next step's program can then be predicted to take
@@ -272,16 +272,6 @@ class Optimizer:
         it = iter(values)
         for sched, t in pairs:
             t.array = next(it) if sched._pure else sched(self.step_counter).array
-
-    @staticmethod
-    def _step_recording_device(state: List[Tensor]) -> Optional[Device]:
-        """The device whose pending eager-replay segment :meth:`step`'s kernel joins (every
-        Tensor of ``state`` there, an update recorded there before it), or None."""
-        device = state[0].device
-        if replay.active() and replay.pending(device) and \
-                all(t.device is device for t in state):
-            return device
-        return None
 
     def _refresh_values(self) -> None:
         self._store_values(only_moving=False, advance=False)

@@ -7,7 +7,9 @@ gets are pending values of the segment being recorded -- the walk was recorded -
 kernel is recorded there too: from its second occurrence the whole step is ONE compiled
 program, whose residuals and gradients never become arrays Python sees, and parameters, slots
 and the guard's state are rebound to the program's outputs when it runs (the end of the Model
-call, or the first read of one of them). Everything else -- gradients computed already
+call, or the first read of one of them); ``Optimizer.step``'s kernel (the counter, the guard's
+state, the scheduled values) follows it into the segment (:func:`step_recording_device`).
+Everything else -- gradients computed already
 (DistOpt sums them first), parameters on several devices, a trace, replay off -- takes the
 update kernel of :meth:`Optimizer._update_pairs` at once, as before.
 """
@@ -24,7 +26,7 @@ from ..replay import Deferred
 from ..tensor import Tensor
 from .update import _recorded_update_kernel
 
-__all__ = ["recording_device", "record_update"]
+__all__ = ["recording_device", "record_update", "step_recording_device"]
 
 
 def recording_device(optimizer: Any, triples: Sequence[Tuple[Any, Tensor, Tensor]]
@@ -46,6 +48,16 @@ def recording_device(optimizer: Any, triples: Sequence[Tuple[Any, Tensor, Tensor
         if type(d) is Deferred and d.value is None:
             pending = True
     return device if pending else None
+
+
+def step_recording_device(state: Sequence[Tensor]) -> Optional[Device]:
+    """The device whose pending eager-replay segment ``Optimizer.step``'s kernel joins (every
+    Tensor of ``state`` -- the step counter, the guard's state -- there, an update recorded
+    there before it), or None."""
+    device = state[0].device
+    if replay.active() and replay.pending(device) and all(t.device is device for t in state):
+        return device
+    return None
 
 
 def record_update(optimizer: Any, device: Device, triples: Sequence[Tuple[Any, Tensor, Tensor]],
