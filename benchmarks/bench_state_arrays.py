@@ -11,6 +11,14 @@ the CPU: what is left is per array"). Each step waits for its results before the
 are freed; call and free are timed apart, medians of ``--steps``, the two variants taking turns
 ``--rounds`` times.
 
+``--rows`` asks what packing would cost the step's program itself: a chain of ``--arrays``
+matmuls (as the network's convolutions) over parameters with a momentum slot each, every
+parameter and slot updated and returned. Three programs, each compiled and timed (call + wait +
+free of the old state, median of ``--steps``): parameters and slots an array each (today's
+step); both packed, each row sliced out of its buffer for its matmul and its update and the
+new rows concatenated (the packed-state design); only the slots packed (a slot's row is read
+by its elementwise update alone).
+
 ``--in-step`` measures the same cost inside singa_jax's eager training step instead: the
 dispatch-bound network of ``bench_eager.py`` (100 x [Conv2d, BatchNorm2d, ReLU], SGD with
 momentum) with and without the convolutions' biases -- the same 303 operators, 200 state
@@ -18,6 +26,7 @@ arrays fewer (100 biases and their 100 momentum slots) -- taking turns in one pr
 of 8 steps, each step waiting for all of its results.
 
     .venv/bin/python benchmarks/bench_state_arrays.py [--arrays 1000] [--groups 10]
+    .venv/bin/python benchmarks/bench_state_arrays.py --rows [--arrays 400]
     .venv/bin/python benchmarks/bench_state_arrays.py --in-step [--rounds 10]
 """
 from __future__ import annotations
@@ -52,6 +61,72 @@ def _time(program: Callable, state: List[jax.Array], steps: int) -> Tuple[float,
         del old  # the last references to the old arrays
         frees.append(time.perf_counter() - start)
     return statistics.median(calls) * 1e3, statistics.median(frees) * 1e3
+
+
+ROW = (8, 8)  # a parameter of the --rows chain
+
+
+def _chain(x: jax.Array, params: List[jax.Array], slots: List[jax.Array]
+           ) -> Tuple[jax.Array, List[jax.Array], List[jax.Array]]:
+    """``x`` through a matmul and tanh per parameter; each parameter's slot and the parameter
+    updated as SGD with momentum would (a "gradient" that depends on the chain)."""
+    new_params, new_slots = [], []
+    for p, m in zip(params, slots):
+        x = jnp.tanh(x @ p)
+        m = 0.9 * m + p * jnp.mean(x)
+        new_params.append(p - 0.01 * m)
+        new_slots.append(m)
+    return x, new_params, new_slots
+
+
+def _rows(flat: jax.Array, n: int) -> List[jax.Array]:
+    size = math.prod(ROW)
+    return [jax.lax.slice(flat, (i * size,), ((i + 1) * size,)).reshape(ROW) for i in range(n)]
+
+
+def _packed(arrays: List[jax.Array]) -> jax.Array:
+    return jnp.concatenate([a.reshape(-1) for a in arrays])
+
+
+def _row_programs(n: int) -> dict:
+    """name -> (program of (x, *state) returning (x, *state), its initial state)."""
+    def each(x, *state):
+        x, ps, ms = _chain(x, list(state[:n]), list(state[n:]))
+        return (x, *ps, *ms)
+
+    def all_packed(x, params, slots):
+        x, ps, ms = _chain(x, _rows(params, n), _rows(slots, n))
+        return x, _packed(ps), _packed(ms)
+
+    def slots_packed(x, slots, *params):
+        x, ps, ms = _chain(x, list(params), _rows(slots, n))
+        return (x, _packed(ms), *ps)
+
+    params = [jnp.full(ROW, 0.01 * (i % 7)) for i in range(n)]
+    slots = [jnp.zeros(ROW) for _ in range(n)]
+    return {"an array each": (each, params + slots),
+            "params and slots packed": (all_packed, [_packed(params), _packed(slots)]),
+            "slots packed": (slots_packed, [_packed(slots)] + params)}
+
+
+def _rows_report(n: int, steps: int) -> None:
+    x = jnp.ones((1, ROW[0]))
+    for name, (fn, state) in _row_programs(n).items():
+        program = jax.jit(fn)
+        start = time.perf_counter()
+        compiled = program.lower(x, *state).compile()
+        compile_s = time.perf_counter() - start
+        out = compiled(x, *state)
+        jax.block_until_ready(out)
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            old, out = out, compiled(*out)
+            jax.block_until_ready(out)
+            del old
+            times.append(time.perf_counter() - start)
+        print(f"{name:24s} {len(state):5d} state inputs: compile {compile_s:6.2f} s, step "
+              f"{statistics.median(times) * 1e3:.3f} ms (call + wait + free)")
 
 
 def _in_step(rounds: int) -> None:
@@ -101,11 +176,18 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=10)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", action="store_true",
+                        help="compile and time a step's program with its state packed in rows")
     parser.add_argument("--in-step", action="store_true",
                         help="time singa_jax's eager step with and without 200 state arrays")
     args = parser.parse_args()
     if args.in_step:
         _in_step(max(args.rounds, 10))
+        return
+    if args.rows:
+        print(f"jax {jax.__version__}; {jax.devices()[0].platform}; {args.arrays} parameters "
+              f"of {ROW}, a momentum slot each")
+        _rows_report(args.arrays, args.steps)
         return
     if args.arrays % args.groups:
         parser.error("--arrays must be a multiple of --groups")
