@@ -214,12 +214,12 @@ class _Segment:
         for ref, i in zip(self.tensors, self.bound):
             t = ref()
             if t is not None and t._data is leaves[i]:
-                held.append((t, i, ref))
+                held.append((t, i))
         live = _referenced(leaves)
         if self.soft and live is not None:
             # less the soft outputs no Tensor holds (only pullbacks, which the recorded
             # backward walk of this segment has served)
-            kept = {i for _, i, _ in held}
+            kept = {i for _, i in held}
             live = tuple([i for i in live if not leaves[i].soft or i in kept])
         if live not in programs and len(programs) >= _OUTPUT_SETS:
             live = None  # (this sequence ends with ever other outputs referenced: all of them)
@@ -248,11 +248,12 @@ class _Segment:
             _stats["op_by_op"] += 1
         for d, v in zip(leaves, values):
             d.value = v
-        for t, i, _ in held:
+        for t, i in held:
             t._data = leaves[i].value
-        # the Tensor each array handed out now is held by (see _Plan: a later segment's input
-        # that Tensor still holds is predicted as the Tensor's array then)
-        _local.holders = {id(leaves[i].value): ref for _, i, ref in held}
+        # the Tensors this flush rebound (see _Plan: a later segment's input that one of them
+        # still holds is predicted as that Tensor's array then); read only when a plan is
+        # learnt, so kept as the list of weak references it is
+        _local.rebound = self.tensors
         # the inputs are dropped now, unless a soft output was not computed: then they are
         # kept while the segment lives, for recompute
         if not (self.soft and any([d.value is None for d in leaves if d.soft])):
@@ -512,6 +513,16 @@ def _failed(end: _Step) -> None:
     end.last = None
 
 
+def _holders(refs: Sequence[Any]) -> Dict[int, Any]:
+    """id of the array each live Tensor of ``refs`` (weak references) holds -> its reference."""
+    holders = {}
+    for ref in refs:
+        t = ref()
+        if t is not None:
+            holders[id(t._data)] = ref
+    return holders
+
+
 def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]) -> None:
     """After a segment's program ran: keep its outputs for its plan's predictions, or learn a
     plan from this run and the last of the same sequence."""
@@ -535,7 +546,7 @@ def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]
     _, last_ids, last_values = last
     outputs = {id(v): j for j, v in enumerate(last_values)}
     arguments = {id(a): i for i, a in enumerate(segment.arguments)}
-    holders = _local.holders  # (the flush before this one's)
+    holders = _holders(_local.rebound)  # (the flush before this one's)
     first: Dict[int, int] = {}
     sources: List[Any] = []
     unknown = -1
@@ -579,7 +590,7 @@ _stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0, "recompute
 class _Local(threading.local):
     segment: Optional[_Segment] = None
     arguments: Tuple = ()  # see call_arguments
-    holders: Dict[int, Any] = {}  # id of an array the last flush handed out -> its Tensor (weak)
+    rebound: Sequence[Any] = ()  # the Tensors the last flush rebound (weak references)
     recording = True  # whether the last sequence between two flushes was long (MIN_RECORDS)
     ran = 0  # kernels run at once since the last flush
 
