@@ -13,7 +13,9 @@ a CPU, meant for a GPU.
 
 Every timed step waits for ALL of its results (loss, parameters, buffers, optimizer slots); the
 evaluation forward waits for its output. Variants take turns in blocks; PyTorch runs in its own
-process, alternating with the JAX blocks. Medians are printed with the ratios.
+process, alternating with the JAX blocks. Medians are printed with the ratios, and eager
+against PyTorch also round by round (each round's eager median over PyTorch's median in the
+same round: on a host whose load drifts, steadier than the ratio of the whole run's medians).
 
 singa_jax tunes Python's garbage collector at the first eager backward (a higher young
 threshold: singa_jax/gc_tuning.py); run with ``SINGA_JAX_GC_TUNING=0`` to time without it.
@@ -279,6 +281,9 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
     times: Dict[str, List[float]] = {k: [] for k in variants}
     torch_t: Dict[str, List[float]] = {"train": [], "eval": []}
     per_round = max(1, steps // rounds)
+    # each round's medians, eager against PyTorch: the host's load drifts between rounds, and a
+    # ratio of two medians taken in the same round is steadier than one of whole-run medians
+    paired: Dict[str, List[float]] = {"train": [], "eval": []}
     for _ in range(rounds):
         for name, fn in variants.items():
             for _ in range(per_round):
@@ -287,6 +292,8 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
                 times[name].append(time.perf_counter() - t0)
         for k, v in torch_times(net_kind, batch, depth, per_round, torch_threads).items():
             torch_t[k] += v
+            paired[k].append(statistics.median(times[f"eager {k}"][-per_round:])
+                             / statistics.median(v))
     if torch_t["train"]:
         times["torch train"], times["torch eval"] = torch_t["train"], torch_t["eval"]
     if split:
@@ -325,6 +332,10 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
         print(f"[{net_kind}] eager train / torch train = "
               f"{med['eager train'] / med['torch train']:.2f}   eager eval / torch eval = "
               f"{med['eager eval'] / med['torch eval']:.2f}")
+        for k in ("train", "eval"):
+            print(f"[{net_kind}] eager {k} / torch {k}, each round's medians: "
+                  f"{' '.join(f'{r:.2f}' for r in paired[k])} (median "
+                  f"{statistics.median(paired[k]):.2f})")
     return med
 
 
