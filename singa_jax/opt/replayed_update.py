@@ -21,7 +21,6 @@ import jax
 
 from .. import replay
 from ..device import Device
-from ..modes import current_trace_hook
 from ..replay import Deferred
 from ..tensor import Tensor
 from .update import _recorded_update_kernel
@@ -32,28 +31,23 @@ __all__ = ["recording_device", "record_update", "step_recording_device"]
 def recording_device(optimizer: Any, triples: Sequence[Tuple[Any, Tensor, Tensor]]
                      ) -> Optional[Device]:
     """The device whose pending eager-replay segment ``optimizer``'s update of ``triples``
-    (``(name, param, grad)``) may join, or None: outside a trace, with replay on, every param
-    on one device, and a gradient that is a pending value of that segment (a backward walk
-    recorded there; gradients computed already gain nothing from joining)."""
-    if current_trace_hook() is not None or not replay.active():
-        return None
-    device = triples[0][1].device
-    if not replay.pending(device):
-        return None
-    pending = False
-    for _, p, g in triples:
-        if p.device is not device:
-            return None
-        d = g._data
-        if type(d) is Deferred and d.value is None:
-            pending = True
-    return device if pending else None
+    (``(name, param, grad)``) may join, or None: the params' (see
+    :func:`step_recording_device`), when a gradient is a pending value of that segment (a
+    backward walk recorded there; gradients computed already gain nothing from joining)."""
+    device = step_recording_device([p for _, p, _ in triples])
+    if device is not None:
+        for _, _, g in triples:
+            d = g._data
+            if type(d) is Deferred and d.value is None:
+                return device
+    return None
 
 
 def step_recording_device(state: Sequence[Tensor]) -> Optional[Device]:
-    """The device whose pending eager-replay segment ``Optimizer.step``'s kernel joins (every
-    Tensor of ``state`` -- the step counter, the guard's state -- there, an update recorded
-    there before it), or None."""
+    """The device whose pending eager-replay segment a kernel over ``state`` may join -- replay
+    active (so no trace running), every Tensor on that one device, a segment recording there
+    -- or None. ``Optimizer.step``'s kernel (the step counter, the guard's state) joins it
+    after an update recorded there."""
     device = state[0].device
     if replay.active() and replay.pending(device) and all(t.device is device for t in state):
         return device
