@@ -70,6 +70,35 @@ def test_binary_operators_with_scalars_and_reflected(rng, sym, scalar):
     assert fn(T(a), scalar).dtype == np.float32  # a Python/NumPy scalar does not promote
 
 
+@pytest.mark.parametrize("sym", {**ARITHMETIC, **COMPARE})
+def test_operators_equal_jnp_in_values_and_dtypes_for_every_operand_kind(rng, sym):
+    """Tensor operators run as cached kernels, a Python scalar an argument: the same values
+    and dtypes as JAX's eager jnp call on the arrays -- weak Python scalars (int, float, bool)
+    not promoting the tensor's dtype, NumPy arrays promoting as jnp promotes them, int32 and
+    bfloat16 tensors, both operand orders (CPU or GPU, exact: one elementwise op either way)."""
+    fn = {**ARITHMETIC, **COMPARE}[sym]
+    for dtype in (np.float32, np.int32, jnp.bfloat16):
+        a = np.abs(sample(rng, (2, 3), np.float32)) + 1
+        t = T(a).as_type(dtype) if dtype is jnp.bfloat16 else T(a.astype(dtype))
+        x = t.array
+        operands = [3, 2.5, True, np.arange(1, 4, dtype=np.int32),
+                    np.full((2, 1), 1.5, np.float64), T(a.astype(np.float32))]
+        for rhs in operands:
+            for reflected in (False, True):
+                if sym == "**" and (isinstance(rhs, float) or dtype is np.int32) and reflected:
+                    continue  # (a negative-free base is all this test keeps to)
+                y = rhs.array if isinstance(rhs, Tensor) else rhs
+                got = fn(rhs, t) if reflected else fn(t, rhs)
+                want = fn(y, x) if reflected else fn(x, y)
+                if sym in COMPARE:  # SINGA's comparisons: 0/1 in the left Tensor's dtype
+                    left = y if reflected and isinstance(rhs, Tensor) else x
+                    want = want.astype(left.dtype)
+                assert isinstance(got, Tensor), (sym, dtype, rhs, reflected)
+                assert got.dtype == want.dtype, (sym, dtype, rhs, reflected)
+                np.testing.assert_array_equal(N(got), np.asarray(want),
+                                              err_msg=f"{sym} {dtype} {rhs!r} {reflected}")
+
+
 def test_ndarray_operands_defer_to_tensor(rng):
     a, b = sample(rng, (2, 3)), sample(rng, (3,))
     for fn in (operator.add, operator.sub, operator.mul, operator.lt):

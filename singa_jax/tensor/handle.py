@@ -132,13 +132,13 @@ def _inplace_operator(name: str, fn: Callable) -> Callable:
         if _tracked(self, other) and is_grad_enabled():
             _autograd().refuse_inplace(op, self, other)
         # The handle keeps its shape and dtype (SINGA updates its buffer); the array is rebound.
-        arr = _binary(op, fn, self, other)
+        arr = _binary(op, fn, self, other, dtype=self.dtype)
         if arr is NotImplemented:
             return arr
         if tuple(arr.shape) != self.shape:
             raise ValueError(f"{op}: result of shape {tuple(arr.shape)} cannot be stored "
                              f"in place in a tensor of shape {self.shape}")
-        self.array = arr.astype(self.dtype)
+        self.array = arr
         return self
     return _method(inplace, op, f"Elementwise ``{fn.__name__}`` with NumPy broadcasting.")
 
@@ -150,8 +150,8 @@ def _comparison(name: str, fn: Callable) -> Callable:
     def compare(self, other):
         if other is None:  # SINGA: ``t == None`` is False
             return name == "ne"
-        arr = _binary(op, fn, self, other)
-        return arr if arr is NotImplemented else self._new(arr.astype(self.dtype))
+        arr = _binary(op, fn, self, other, dtype=self.dtype)
+        return arr if arr is NotImplemented else self._new(arr)
     return _method(compare, op, f"Elementwise ``{fn.__name__}``: 0/1 in this tensor's dtype.")
 
 
@@ -411,7 +411,7 @@ class Tensor:
 
     def _new(self, arr: jax.Array) -> "Tensor":
         """A fresh Tensor over ``arr`` on this tensor's device (SINGA's default flags)."""
-        return Tensor(data=arr, device=self.device)
+        return result_tensor(arr, self.device)
 
     # --- shape ------------------------------------------------------------------------------
     def reshape(self, shape: ShapeLike) -> "Tensor":

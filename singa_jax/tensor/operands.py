@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from typing import Any, Callable, Iterator, Optional, Tuple
+import threading
+from functools import partial
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..xla_options import kernel
 from .handle import Tensor, _is_array
 
 __all__ = ["copy_data_to_from", "mult"]
@@ -66,11 +69,20 @@ def _operand(op: str, t: Tensor, x: Any):
 
 
 def _broadcast(op: str, a: Tuple[int, ...], b: Tuple[int, ...]) -> Tuple[int, ...]:
-    try:
-        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
-    except ValueError:
-        raise ValueError(f"{op}: shapes {tuple(a)} and {tuple(b)} do not broadcast together "
-                         f"(NumPy broadcasting rules)") from None
+    a, b = tuple(a), tuple(b)
+    shape = _BROADCASTS.get((a, b))  # (NumPy's rule costs ~4 us a call: known per shape pair)
+    if shape is None:
+        try:
+            shape = tuple(np.broadcast_shapes(a, b))
+        except ValueError:
+            raise ValueError(f"{op}: shapes {a} and {b} do not broadcast together (NumPy "
+                             f"broadcasting rules)") from None
+        if len(_BROADCASTS) < 4096:
+            _BROADCASTS[a, b] = shape
+    return shape
+
+
+_BROADCASTS: Dict[Tuple[Tuple[int, ...], Tuple[int, ...]], Tuple[int, ...]] = {}
 
 
 @contextlib.contextmanager
@@ -86,13 +98,61 @@ def _shape_errors(op: str, *operands: Any) -> Iterator[None]:
         raise ValueError(f"{op}: {e} (operands: {described})") from e
 
 
-def _binary(op: str, fn: Callable, lhs: Tensor, rhs: Any, reflected: bool = False):
-    """``fn(lhs, rhs)`` on arrays (``fn(rhs, lhs)`` if reflected) with NumPy broadcasting."""
+def _binary(op: str, fn: Callable, lhs: Tensor, rhs: Any, reflected: bool = False,
+            dtype: Any = None):
+    """``fn(lhs, rhs)`` on arrays (``fn(rhs, lhs)`` if reflected) with NumPy broadcasting,
+    cast to ``dtype`` if given, as one cached kernel (see :func:`_elementwise_kernel`)."""
     b = _operand(op, lhs, rhs)
     if b is NotImplemented:
         return b
-    _broadcast(op, lhs.shape, jnp.shape(b))
-    return fn(b, lhs.array) if reflected else fn(lhs.array, b)
+    _broadcast(op, lhs.shape, () if type(b) in _SCALARS else b.shape)
+    x, y = (b, lhs.array) if reflected else (lhs.array, b)
+    number = _number_of(fn)
+    if number is None:
+        z = fn(x, y)
+        return z if dtype is None else z.astype(dtype)
+    return _elementwise_kernel(number, dtype, x, y)
+
+
+_SCALARS = (bool, int, float)
+
+
+@partial(kernel, static_argnums=(0, 1))
+def _elementwise_kernel(number: int, dtype: Any, x: Any, y: Any) -> jax.Array:
+    """``fn(x, y)`` for the ``number``-th function of :func:`_number_of`, cast to ``dtype``
+    unless None, as one cached kernel. An eager jnp call dispatches each primitive it binds, a
+    Python scalar operand converted on the way (``jnp.multiply(x, 2.0)`` on an (8, 8) array
+    ~34 us; a comparison's cast is another dispatch); one jitted call ~11-24 us, the scalar an
+    argument (a new value is no new program)."""
+    z = _FUNCTIONS[number](x, y)
+    return z if dtype is None else z.astype(dtype)
+
+
+# The functions _elementwise_kernel applies, by number: its static argument is the number,
+# because a jnp ufunc hashes in Python (twice a call, as a static argument). Numbered by id
+# (the list keeps each function alive, so its id stays its own).
+_FUNCTIONS: List[Callable] = []
+_NUMBERS: Dict[int, Optional[int]] = {}
+
+
+def _number_of(fn: Callable) -> Optional[int]:
+    """``fn``'s number for :func:`_elementwise_kernel`, or None for a function run as it is:
+    ``jnp.power``, which eagerly multiplies out a Python integer exponent (``x ** 2`` as
+    ``x * x``), a constant that a kernel's argument is not."""
+    number = _NUMBERS.get(id(fn), -1)
+    if number == -1:
+        with _numbering:  # (two threads must not give two functions one number)
+            number = _NUMBERS.get(id(fn), -1)
+            if number == -1:
+                number = None
+                if fn is not jnp.power:
+                    number = len(_FUNCTIONS)
+                    _FUNCTIONS.append(fn)
+                _NUMBERS[id(fn)] = number
+    return number
+
+
+_numbering = threading.Lock()
 
 
 def _store(op: str, out: Tensor, arr: jax.Array) -> Tensor:
