@@ -1,7 +1,8 @@
-"""Plain Tensor arithmetic's host cost: ``a + b``, ``a * 2.0``, ``a < b`` ... on small tensors.
+"""Plain Tensor arithmetic's host cost: ``a + b``, ``a * 2.0``, ``a < b``, ``reshape`` ... on
+small tensors.
 
-Outside autograd a Tensor operator checks its operands, broadcasts, runs one cached kernel and
-wraps the result in a new Tensor. Each case is timed against the bare ``jax.jit`` call of the
+Outside autograd a Tensor operator or layout method checks its operands, runs one cached kernel
+and wraps the result in a new Tensor. Each case is timed against the bare ``jax.jit`` call of the
 same jnp function on the arrays and against JAX's eager jnp call, the three taking turns in
 blocks; medians of ``--rounds`` blocks of ``--reps`` calls, in microseconds per call. Each call
 only dispatches (on a CPU an (8, 8) kernel runs in a few microseconds on a worker thread).
@@ -22,12 +23,17 @@ import numpy as np
 
 from singa_jax import tensor
 
-# case -> (Tensor call on (a, b), jnp function, its second operand: "b" or a scalar)
-CASES = {"a + b": (operator.add, jnp.add, "b"), "a * 2.0": (operator.mul, jnp.multiply, 2.0),
-         "2.0 - a": (lambda a, _: 2.0 - a, None, None), "a / b": (operator.truediv,
-                                                                 jnp.true_divide, "b"),
-         "a < b": (operator.lt, jnp.less, "b"), "a += b": (operator.iadd, jnp.add, "b"),
-         "a ** 2": (operator.pow, jnp.power, 2)}
+# case -> (the Tensor call on (a, b), the same on their arrays with jnp, or None)
+CASES = {"a + b": (operator.add, jnp.add),
+         "a * 2.0": (lambda a, _: a * 2.0, lambda x, _: jnp.multiply(x, 2.0)),
+         "2.0 - a": (lambda a, _: 2.0 - a, lambda x, _: jnp.subtract(2.0, x)),
+         "a / b": (operator.truediv, jnp.true_divide),
+         "a < b": (operator.lt, jnp.less),
+         "a += b": (operator.iadd, None),
+         "a ** 2": (lambda a, _: a ** 2, lambda x, _: jnp.power(x, 2)),
+         "reshape": (lambda a, _: a.reshape((-1,)), lambda x, _: x.reshape((-1,))),
+         "transpose": (lambda a, _: a.transpose(), lambda x, _: jnp.transpose(x)),
+         "as_type": (lambda a, _: a.as_type(tensor.int32), lambda x, _: x.astype(jnp.int32))}
 
 
 def _per_call(fn: Callable[[], object], reps: int) -> float:
@@ -50,14 +56,12 @@ def main() -> None:
     print(f"jax {jax.__version__}; {jax.devices()[0].platform}; ({args.size}, {args.size}) "
           f"float32; us per call, medians of {args.rounds} blocks of {args.reps}")
     print(f"{'case':10s} {'Tensor':>8s} {'jit':>8s} {'jnp':>8s}")
-    for name, (call, fn, other) in CASES.items():
-        rhs = b if other == "b" else other
-        variants: Dict[str, Callable[[], object]] = {"Tensor": lambda: call(a, rhs)}
+    for name, (call, fn) in CASES.items():
+        variants: Dict[str, Callable[[], object]] = {"Tensor": lambda: call(a, b)}
         if fn is not None:
-            arg = y if other == "b" else other
             jitted = jax.jit(fn)
-            variants["jit"] = lambda: jitted(x, arg)
-            variants["jnp"] = lambda: fn(x, arg)
+            variants["jit"] = lambda: jitted(x, y)
+            variants["jnp"] = lambda: fn(x, y)
         times: Dict[str, List[float]] = {k: [] for k in variants}
         for v in variants.values():  # compiled, cached
             v()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from functools import partial
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import jax
@@ -24,7 +25,7 @@ from ..modes import current_trace_hook as _current_hook
 from ..modes import in_compile_time_eval, is_grad_enabled
 from ..device import Device, get_default_device
 from ..dtypes import float32, to_dtype
-from ..xla_options import no_trace_running
+from ..xla_options import kernel, no_trace_running
 from ..replay import Deferred
 
 
@@ -108,6 +109,21 @@ def _tracked(lhs: "Tensor", other: Any) -> bool:
 def _method(fn: Callable, name: str, doc: str) -> Callable:
     fn.__name__, fn.__qualname__, fn.__doc__ = name, f"Tensor.{name}", doc
     return fn
+
+
+# Array methods that Tensor methods apply with one hashable argument (a shape, axes, a dtype),
+# as one cached kernel per (method, argument): eagerly JAX's reshape, transpose and astype
+# run ~35-40 us of Python before their primitive's dispatch (an (8, 8) array, 2-core CPU),
+# a jitted call ~10.
+_LAYOUT_OPS = {"reshape": lambda x, shape: x.reshape(shape),
+               "transpose": jnp.transpose,
+               "astype": lambda x, dtype: x.astype(dtype)}
+
+
+@partial(kernel, static_argnums=(0, 1))
+def _layout(name: str, arg: Any, x: jax.Array) -> jax.Array:
+    """``x``'s ``name`` of :data:`_LAYOUT_OPS` with ``arg``, as one cached kernel."""
+    return _LAYOUT_OPS[name](x, arg)
 
 
 def _operator(name: str, fn: Callable, reflected: bool = False) -> Callable:
@@ -423,7 +439,7 @@ class Tensor:
         if not fits:
             raise ValueError(f"reshape: cannot reshape a tensor of shape {self.shape} "
                              f"({self.size()} elements) to {shape}")
-        return self._new(self.array.reshape(shape))
+        return self._new(_layout("reshape", shape, self.array))
 
     def transpose(self, axes: Optional[Sequence[int]] = None) -> "Tensor":
         """A new tensor with permuted axes (reversed when ``axes`` is None)."""
@@ -432,7 +448,7 @@ class Tensor:
             if sorted(axes) != list(range(self.ndim())):
                 raise ValueError(f"transpose: axes {axes} are not a permutation of the "
                                  f"{self.ndim()} axes of a tensor of shape {self.shape}")
-        return self._new(jnp.transpose(self.array, axes))
+        return self._new(_layout("transpose", axes, self.array))
 
     def T(self) -> "Tensor":
         """The transpose (all axes reversed); SINGA's shallow transposed view."""
@@ -463,11 +479,11 @@ class Tensor:
     # --- dtype and device -------------------------------------------------------------------
     def as_type(self, dtype: Any) -> "Tensor":
         """A new tensor with this tensor's values converted to ``dtype``."""
-        return self._new(self.array.astype(to_dtype(dtype)))
+        return self._new(_layout("astype", to_dtype(dtype), self.array))
 
     def to_type(self, dtype: Any) -> "Tensor":
         """Convert this tensor to ``dtype`` in place; returns it."""
-        self.array = self.array.astype(to_dtype(dtype))
+        self.array = _layout("astype", to_dtype(dtype), self.array)
         return self
 
     def to_device(self, device: Device) -> "Tensor":
