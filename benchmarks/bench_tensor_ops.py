@@ -23,6 +23,10 @@ import numpy as np
 
 from singa_jax import tensor
 
+def _set_row(a: tensor.Tensor, _: object) -> None:
+    a[2] = 1.0
+
+
 # case -> (the Tensor call on (a, b), the same on their arrays with jnp, or None)
 CASES = {"a + b": (operator.add, jnp.add),
          "a * 2.0": (lambda a, _: a * 2.0, lambda x, _: jnp.multiply(x, 2.0)),
@@ -33,7 +37,9 @@ CASES = {"a + b": (operator.add, jnp.add),
          "a ** 2": (lambda a, _: a ** 2, lambda x, _: jnp.power(x, 2)),
          "reshape": (lambda a, _: a.reshape((-1,)), lambda x, _: x.reshape((-1,))),
          "transpose": (lambda a, _: a.transpose(), lambda x, _: jnp.transpose(x)),
-         "as_type": (lambda a, _: a.as_type(tensor.int32), lambda x, _: x.astype(jnp.int32))}
+         "as_type": (lambda a, _: a.as_type(tensor.int32), lambda x, _: x.astype(jnp.int32)),
+         "a[1:3]": (lambda a, _: a[1:3], lambda x, _: x[1:3]),
+         "a[2] = 1.0": (_set_row, lambda x, _: x.at[2:3].set(1.0))}
 
 
 def _per_call(fn: Callable[[], object], reps: int) -> float:

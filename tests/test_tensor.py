@@ -409,7 +409,9 @@ def test_concatenate(rng, axis):
 @pytest.mark.parametrize("key, np_key", [
     (0, slice(0, 1)), (-1, slice(2, 3)), (slice(1, 3), slice(1, 3)),
     ((1, slice(0, 2)), (slice(1, 2), slice(0, 2))), ((slice(None), 2), (slice(None), slice(2, 3))),
-    (slice(None, None, 2), slice(None, None, 2))])
+    (slice(None, None, 2), slice(None, None, 2)),
+    (slice(None, None, -1), slice(None, None, -1)), (slice(3, 0, -2), slice(3, 0, -2)),
+    ((slice(np.int64(1), None), np.int32(2)), (slice(1, None), slice(2, 3)))])
 def test_getitem_singa_semantics(rng, key, np_key):
     a = sample(rng, (3, 4))
     close(T(a)[key], a[np_key])  # an int index keeps its axis (size 1), as in SINGA
@@ -437,6 +439,14 @@ def test_setitem(rng):
     with pytest.raises(ValueError, match=r"__setitem__.*\(2, 4\).*\(1, 4\)"):
         t[0] = T(np.ones((2, 4), np.float32))
     close(t, a)
+    # a value in the tensor's dtype (an int tensor truncates), reversed and NumPy-int bounds
+    i = T(np.zeros((3, 4), np.int32))
+    i[::-1, np.int64(1)] = 2.7
+    i[slice(np.int32(2), None), 3] = T(np.array([[-5]], np.float32))
+    want = np.zeros((3, 4), np.int32)
+    want[::-1, 1], want[2:, 3] = 2, -5
+    assert i.dtype == np.int32
+    np.testing.assert_array_equal(N(i), want)
 
 
 def test_shape_queries(rng):

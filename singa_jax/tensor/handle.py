@@ -111,19 +111,47 @@ def _method(fn: Callable, name: str, doc: str) -> Callable:
     return fn
 
 
-# Array methods that Tensor methods apply with one hashable argument (a shape, axes, a dtype),
-# as one cached kernel per (method, argument): eagerly JAX's reshape, transpose and astype
-# run ~35-40 us of Python before their primitive's dispatch (an (8, 8) array, 2-core CPU),
-# a jitted call ~10.
+# Array methods that Tensor methods apply with one hashable argument (a shape, axes, a dtype,
+# basic slices), as one cached kernel per (method, argument): eagerly JAX's reshape,
+# transpose, astype and slicing run ~35-150 us of Python before their dispatch (an (8, 8)
+# array, 2-core CPU), a jitted call ~10.
 _LAYOUT_OPS = {"reshape": lambda x, shape: x.reshape(shape),
                "transpose": jnp.transpose,
-               "astype": lambda x, dtype: x.astype(dtype)}
+               "astype": lambda x, dtype: x.astype(dtype),
+               "getitem": lambda x, key: x[_slices(key)]}
 
 
 @partial(kernel, static_argnums=(0, 1))
 def _layout(name: str, arg: Any, x: jax.Array) -> jax.Array:
     """``x``'s ``name`` of :data:`_LAYOUT_OPS` with ``arg``, as one cached kernel."""
     return _LAYOUT_OPS[name](x, arg)
+
+
+def _static_slices(index: Tuple[slice, ...]) -> Optional[Tuple[Tuple[Any, Any, Any], ...]]:
+    """``index`` (slices) as a hashable key of ``(start, stop, step)`` ints or Nones, or None
+    where a bound is something else."""
+    key = []
+    for s in index:
+        bounds = (s.start, s.stop, s.step)
+        for b in bounds:
+            if b is not None and type(b) is not int:
+                if not isinstance(b, np.integer):
+                    return None
+                bounds = tuple(None if e is None else int(e) for e in bounds)
+                break
+        key.append(bounds)
+    return tuple(key)
+
+
+def _slices(key: Tuple[Tuple[Any, Any, Any], ...]) -> Tuple[slice, ...]:
+    return tuple([slice(*bounds) for bounds in key])
+
+
+@partial(kernel, static_argnums=0)
+def _set_slices(key: Tuple[Tuple[Any, Any, Any], ...], x: jax.Array, value: Any) -> jax.Array:
+    """``x`` with its region ``key`` (see :func:`_static_slices`) set to ``value`` in ``x``'s
+    dtype, as one cached kernel (a Python scalar value an argument)."""
+    return x.at[_slices(key)].set(jnp.asarray(value).astype(x.dtype))
 
 
 def _operator(name: str, fn: Callable, reflected: bool = False) -> Callable:
@@ -635,7 +663,11 @@ class Tensor:
         return tuple(index)
 
     def __getitem__(self, keys: Any) -> "Tensor":
-        return self._new(self.array[self._index(keys, "__getitem__")])
+        index = self._index(keys, "__getitem__")
+        key = _static_slices(index)
+        if key is None:  # (a slice of other than ints and None)
+            return self._new(self.array[index])
+        return self._new(_layout("getitem", key, self.array))
 
     def __setitem__(self, keys: Any, value: Any) -> None:
         index = self._index(keys, "__setitem__")
@@ -647,7 +679,9 @@ class Tensor:
         if _broadcast("__setitem__", target, jnp.shape(v)) != target:
             raise ValueError(f"__setitem__: value of shape {jnp.shape(v)} does not fit the "
                              f"selected region of shape {target}")
-        self.array = self.array.at[index].set(jnp.asarray(v).astype(self.dtype))
+        key = _static_slices(index)
+        self.array = (self.array.at[index].set(jnp.asarray(v).astype(self.dtype))
+                      if key is None else _set_slices(key, self.array, v))
 
     # --- operators: NumPy broadcasting; NotImplemented for foreign types (see _binary) --------
     __add__ = _operator("add", jnp.add)
