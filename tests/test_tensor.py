@@ -423,6 +423,8 @@ def test_getitem_errors_and_iteration(rng):
     for bad in (3, -4, (0, 0, 0), "x"):
         with pytest.raises(ValueError, match="__getitem__"):
             t[bad]
+    with pytest.raises(TypeError):  # a slice bound must be an integer, as in NumPy
+        t[np.int64(1):2.5]
     rows = [N(r) for r in t]  # iteration stops at the end of axis 0
     np.testing.assert_allclose(np.concatenate(rows), a)
 

@@ -133,12 +133,10 @@ def _static_slices(index: Tuple[slice, ...]) -> Optional[Tuple[Tuple[Any, Any, A
     key = []
     for s in index:
         bounds = (s.start, s.stop, s.step)
-        for b in bounds:
-            if b is not None and type(b) is not int:
-                if not isinstance(b, np.integer):
-                    return None
-                bounds = tuple(None if e is None else int(e) for e in bounds)
-                break
+        if not all([b is None or type(b) is int for b in bounds]):
+            if not all([b is None or isinstance(b, (int, np.integer)) for b in bounds]):
+                return None
+            bounds = tuple([None if b is None else int(b) for b in bounds])
         key.append(bounds)
     return tuple(key)
 
