@@ -108,10 +108,24 @@ def _binary(op: str, fn: Callable, lhs: Tensor, rhs: Any, reflected: bool = Fals
     _broadcast(op, lhs.shape, () if type(b) in _SCALARS else b.shape)
     x, y = (b, lhs.array) if reflected else (lhs.array, b)
     number = _number_of(fn)
-    if number is None:
+    if number is None:  # jnp.power
+        if not reflected and type(b) is int and -_STATIC_EXPONENT <= b <= _STATIC_EXPONENT:
+            return _integer_power_kernel(b, dtype, x)  # (``t ** 2``)
         z = fn(x, y)
         return z if dtype is None else z.astype(dtype)
     return _elementwise_kernel(number, dtype, x, y)
+
+
+# the Python integer exponents ``t ** n`` compiles a kernel each for (|n| up to this)
+_STATIC_EXPONENT = 16
+
+
+@partial(kernel, static_argnums=(0, 1))
+def _integer_power_kernel(n: int, dtype: Any, x: Any) -> jax.Array:
+    """``jnp.power(x, n)`` for a Python int ``n`` (multiplied out, as eagerly), cast to
+    ``dtype`` unless None, as one cached kernel per exponent."""
+    z = jnp.power(x, n)
+    return z if dtype is None else z.astype(dtype)
 
 
 _SCALARS = (bool, int, float)
