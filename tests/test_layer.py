@@ -508,6 +508,26 @@ def test_register_layers_and_renaming():
     assert seq.Linear_0.W.name == "body.Linear_0.W"
 
 
+def test_sublayer_attribute_follows_registration_through_replace_shadow_and_delete():
+    net = layer.Layer()
+    first, second = layer.Linear(2), layer.Linear(3)
+    net.body = first
+    # an instance attribute (Python's own lookup finds it) and the registered sublayer
+    assert vars(net)["body"] is first and net._layers["body"] is first and net.body is first
+    net.body = second  # replaced: both places, and the old one leaves the tree
+    assert net.body is second and net._layers["body"] is second and id(net) not in first._parents
+    net.register_layers({"head": first})
+    assert net.head is first and vars(net)["head"] is first
+    net.body = 3  # a plain value shadows the sublayer, which stays registered (as in SINGA)
+    assert net.body == 3 and net._layers["body"] is second
+    del net.body  # the sublayer is deleted; the plain value that shadowed it stays
+    assert "body" not in net._layers and net.body == 3
+    del net.head
+    assert "head" not in net._layers and "head" not in vars(net)
+    with pytest.raises(AttributeError, match="head"):
+        net.head
+
+
 def test_structure_version_propagates_to_every_parent_and_only_to_them(rng):
     net, other = Net(), Net()
     shared = layer.Linear(2)

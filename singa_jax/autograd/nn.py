@@ -451,8 +451,16 @@ class _BatchNorm2d(Function):
             if not isinstance(t, Tensor):
                 raise TypeError(f"_BatchNorm2d: {what} must be a Tensor (it is updated in place), "
                                 f"got {type(t).__name__}")
-        super().__init__(name, momentum=handle.factor, epsilon=handle.epsilon,
-                         training=is_training())
+        training = is_training()
+        # (the static arguments and their kernel key once per handle and mode, as _WindowOp's)
+        cache = handle.__dict__.setdefault("_op_statics", {})
+        entry = cache.get(training)
+        if entry is None or entry[0]["momentum"] != handle.factor or \
+                entry[0]["epsilon"] != handle.epsilon:
+            static = dict(momentum=handle.factor, epsilon=handle.epsilon, training=training)
+            entry = cache[training] = static, _function._static_key(static)
+        super().__init__(name, **entry[0])
+        self._static = entry[1]
         self.handle = handle
         self.running_mean = running_mean
         self.running_var = running_var
