@@ -526,6 +526,11 @@ def test_sublayer_attribute_follows_registration_through_replace_shadow_and_dele
     assert "head" not in net._layers and "head" not in vars(net)
     with pytest.raises(AttributeError, match="head"):
         net.head
+    # a registered name that already means something keeps its meaning (SINGA's lookup order)
+    net.plain = 5
+    net.register_layers({"forward": first, "plain": second})
+    assert net.forward.__func__ is layer.Layer.forward and net.plain == 5
+    assert net._layers["forward"] is first and net._layers["plain"] is second
 
 
 def test_structure_version_propagates_to_every_parent_and_only_to_them(rng):

@@ -421,6 +421,7 @@ class Layer(object, metaclass=LayerMeta):
         self._bump_structure_version()
         layers = self.__dict__.setdefault("_layers", dict())
         if isinstance(value, Layer):
+            self.__dict__.pop(name, None)  # (a plain value it replaces)
             self._add_sublayer(name, value)
             return
         object.__setattr__(self, name, value)
@@ -442,8 +443,13 @@ class Layer(object, metaclass=LayerMeta):
             replaced._unlink_parent(self)
         self._layers[name] = layer
         # also an instance attribute: ``self.conv1`` is then found by Python's own lookup
-        # (through __getattr__ it cost ~1.2 us, paid on every call of every sublayer)
-        self.__dict__[name] = layer
+        # (through __getattr__ it cost ~1.2 us, paid on every call of every sublayer) -- unless
+        # that would hide what the name already means: a class attribute (a method, a
+        # property) or, for register_layers, a plain value of the instance
+        state = self.__dict__
+        if not hasattr(type(self), name) and not (
+                name in state and not isinstance(state[name], Layer)):
+            state[name] = layer
         layer.__dict__["_parent"] = self
         layer._link_parent(self)
         self._bump_structure_version()
