@@ -112,6 +112,23 @@ def _static_key(static: Dict[str, Any]) -> Tuple:
     return _interned(items)
 
 
+def _handle_statics(handle: Any, key: Any, make: Callable[[], Dict[str, Any]]
+                    ) -> Tuple[Dict[str, Any], Tuple]:
+    """``(static arguments, their kernel key)`` of an op configured by ``handle`` -- ``make()``
+    the first time for ``key``, then kept on the handle. A handle's configuration is fixed when
+    it is made (as SINGA's C++ handles' cuDNN descriptors are), and a layer makes one op per
+    call: the arguments and their key are made once per handle and ``key``, not once per op."""
+    store = getattr(handle, "__dict__", None)
+    cache = None if store is None else store.setdefault("_op_statics", {})
+    entry = None if cache is None else cache.get(key)
+    if entry is None:
+        static = make()
+        entry = static, _static_key(static)
+        if cache is not None:
+            cache[key] = entry
+    return entry
+
+
 @kernel(static_argnums=(0, 1))
 def _forward(fn: Callable, static: Tuple, *xs):
     """``fn(*xs, **static)`` as one cached kernel (no gradient state: eval mode)."""

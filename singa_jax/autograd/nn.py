@@ -329,18 +329,10 @@ class _WindowOp(Function):
             odd_padding = NO_ODD_PADDING
         else:
             odd_padding = _odd_padding(odd_padding, op)
-        # A handle's configuration is fixed when it is made (as SINGA's C++ handle's cuDNN
-        # descriptors are), so its static arguments and their kernel cache key are made once
-        # per handle (and odd padding), not once per op: a layer makes one op per call.
-        cache = getattr(handle, "__dict__", None)
-        entry = None if cache is None else cache.get("_op_statics", {}).get(odd_padding)
-        if entry is None:
-            static = dict(odd_padding=odd_padding, **self.config(handle))
-            entry = static, _function._static_key(static)
-            if cache is not None:
-                cache.setdefault("_op_statics", {})[odd_padding] = entry
-        super().__init__(**entry[0])
-        self._static = entry[1]
+        static, key = _function._handle_statics(
+            handle, odd_padding, lambda: dict(odd_padding=odd_padding, **self.config(handle)))
+        super().__init__(**static)
+        self._static = key
         self.handle = handle
         self.odd_padding = odd_padding
 
@@ -451,16 +443,13 @@ class _BatchNorm2d(Function):
             if not isinstance(t, Tensor):
                 raise TypeError(f"_BatchNorm2d: {what} must be a Tensor (it is updated in place), "
                                 f"got {type(t).__name__}")
-        training = is_training()
-        # (the static arguments and their kernel key once per handle and mode, as _WindowOp's)
-        cache = handle.__dict__.setdefault("_op_statics", {})
-        entry = cache.get(training)
-        if entry is None or entry[0]["momentum"] != handle.factor or \
-                entry[0]["epsilon"] != handle.epsilon:
-            static = dict(momentum=handle.factor, epsilon=handle.epsilon, training=training)
-            entry = cache[training] = static, _function._static_key(static)
-        super().__init__(name, **entry[0])
-        self._static = entry[1]
+        training, factor, epsilon = is_training(), handle.factor, handle.epsilon
+        # (keyed by the mode and the values a user may set on the handle)
+        static, key = _function._handle_statics(
+            handle, (training, factor, epsilon),
+            lambda: dict(momentum=factor, epsilon=epsilon, training=training))
+        super().__init__(name, **static)
+        self._static = key
         self.handle = handle
         self.running_mean = running_mean
         self.running_var = running_var

@@ -111,9 +111,13 @@ def _binary(op: str, fn: Callable, lhs: Tensor, rhs: Any, reflected: bool = Fals
     if number is None:  # jnp.power
         if not reflected and type(b) is int and -_STATIC_EXPONENT <= b <= _STATIC_EXPONENT:
             return _integer_power_kernel(b, dtype, x)  # (``t ** 2``)
-        z = fn(x, y)
-        return z if dtype is None else z.astype(dtype)
+        return _cast(fn(x, y), dtype)
     return _elementwise_kernel(number, dtype, x, y)
+
+
+def _cast(z: Any, dtype: Any) -> Any:
+    """``z`` in ``dtype`` (as it is for None)."""
+    return z if dtype is None else z.astype(dtype)
 
 
 # the Python integer exponents ``t ** n`` compiles a kernel each for (|n| up to this)
@@ -124,8 +128,7 @@ _STATIC_EXPONENT = 16
 def _integer_power_kernel(n: int, dtype: Any, x: Any) -> jax.Array:
     """``jnp.power(x, n)`` for a Python int ``n`` (multiplied out, as eagerly), cast to
     ``dtype`` unless None, as one cached kernel per exponent."""
-    z = jnp.power(x, n)
-    return z if dtype is None else z.astype(dtype)
+    return _cast(jnp.power(x, n), dtype)
 
 
 _SCALARS = (bool, int, float)
@@ -138,8 +141,7 @@ def _elementwise_kernel(number: int, dtype: Any, x: Any, y: Any) -> jax.Array:
     Python scalar operand converted on the way (``jnp.multiply(x, 2.0)`` on an (8, 8) array
     ~34 us; a comparison's cast is another dispatch); one jitted call ~11-24 us, the scalar an
     argument (a new value is no new program)."""
-    z = _FUNCTIONS[number](x, y)
-    return z if dtype is None else z.astype(dtype)
+    return _cast(_FUNCTIONS[number](x, y), dtype)
 
 
 # The functions _elementwise_kernel applies, by number: its static argument is the number,
