@@ -43,6 +43,7 @@ def counted(monkeypatch) -> Dict[str, int]:
     monkeypatch.setattr(engine, "_replay", counting_replay)
     monkeypatch.setattr(engine.Operator, "_do_backward", counting_do_backward)
     monkeypatch.setattr(engine, "_seen_plans", {})
+    monkeypatch.setattr(engine, "_known_shapes", {})
     return counts
 
 
@@ -117,6 +118,45 @@ def test_a_recurring_walk_runs_as_one_kernel_with_the_op_by_op_gradients(counted
     ref = _reference(a)
     for p, _, g in again:
         np.testing.assert_allclose(g, ref[p], **matmul_tolerance(1e-5, 1e-6), err_msg=p)
+
+
+def test_a_walk_of_a_known_shape_skips_the_symbolic_walk_and_yields_this_graphs_tensors(
+        counted, monkeypatch):
+    """From the third walk of one graph's shape the plan is found by the graph's signature
+    (engine._Shape) without walking symbolically. Each walk yields ITS graph's tensors (fresh
+    parameters every time) with the op-by-op names and gradients; a parameter that stops
+    storing its gradient changes the signature, and then the walk yields what op by op does."""
+    symbolic = []
+    plan_run = engine._Plan.run
+
+    def counting_run(self, op, dys):
+        symbolic.append(op)
+        return plan_run(self, op, dys)
+
+    monkeypatch.setattr(engine._Plan, "run", counting_run)
+    a = _arrays()
+    stepwise = _walk(a, _params(a), fused=False)
+    for i in range(4):
+        params = _params(a)
+        loss = _loss(a, params)
+        with autograd.fused_backward(True):
+            got = list(autograd.backward(loss))
+        names = {id(t): k for k, t in params.items()}
+        assert [(names[id(p)], g.name.split("#")[0]) for p, g in got] == \
+            [(p, n) for p, n, _ in stepwise]
+        for (p, g), (_, _, want) in zip(got, stepwise):
+            np.testing.assert_allclose(np.asarray(g.array), want,
+                                       **matmul_tolerance(1e-6, 1e-7), err_msg=names[id(p)])
+        if i == 1:
+            walked_symbolically = len(symbolic)  # the first two walks wrote the plan
+    assert counted["replays"] == 3 and walked_symbolically > 0
+    assert len(symbolic) == walked_symbolically  # walks 3 and 4: found by signature
+    params = _params(a)
+    params["b"].stores_grad = False  # another signature: b's gradient is no longer yielded
+    with autograd.fused_backward(True):
+        got = [names for names in (p.name for p, _ in autograd.backward(_loss(a, params)))]
+    assert got == [p for p, _, _ in stepwise if p != "b"]
+    assert len(symbolic) > walked_symbolically
 
 
 @pytest.mark.parametrize("optimizer", ["SGD", "Adam"])

@@ -538,37 +538,157 @@ def _fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, in
     computed first (a flush)."""
     if not is_backward_fused() or any(isinstance(g, jax.core.Tracer) for _, g in roots):
         return None
-    plan = _Plan(len(roots), pending=record,
-                 heavy=fuses_heavy_walks(roots[0][0].device.platform))
-    try:
-        yields = list(_walk([(y, i) for i, (y, _) in enumerate(roots)], wanted, plan.run,
-                            plan.add))
-    except _NotReplayable:
+    heavy = fuses_heavy_walks(roots[0][0].device.platform)
+    shape = _Shape.of(roots, wanted, record, heavy)
+    known = None if shape is None else _known_shapes.get(shape.signature)
+    if known is not None:  # a walk of a graph shaped as one planned before: no symbolic walk
+        plan_id, order, places = known
+        ops = [shape.ops[k] for k in order]
+        states = [shape.states[k] for k in order]
+        yields = [shape.tensor_at(place, roots, wanted) for place in places]
+    else:
+        plan = _Plan(len(roots), pending=record, heavy=heavy)
+        try:
+            yields = list(_walk([(y, i) for i, (y, _) in enumerate(roots)], wanted, plan.run,
+                                plan.add))
+        except _NotReplayable:
+            return None
+        if not plan.ops:
+            return None
+        ops, states = plan.ops, plan.states
+    device = ops[0].device
+    if any(op.device is not device for op in ops):
         return None
-    if not plan.ops:
-        return None
-    device = plan.ops[0].device
-    if any(op.device is not device for op in plan.ops):
-        return None
-    key = (tuple(plan.steps), tuple(ref for _, ref, _ in yields))
-    plan_id = _seen_plans.get(key)
-    if plan_id is None or plan_id < 0:
-        with _plans_lock:  # threads walking at once must not share an id
-            plan_id = _seen_plans.get(key)
-            if plan_id is None:  # first seen: op by op, and remembered
-                if len(_seen_plans) < _PLANS_KEPT:
-                    _seen_plans[key] = -1
-                return None
-            if plan_id < 0:
-                plan_id = _seen_plans[key] = len(_plan_table)
-                _plan_table.append(key)
-    leaves = [leaf for state in plan.states for leaf in state]
-    sizes = tuple([len(state) for state in plan.states])
+    if known is None:
+        key = (tuple(plan.steps), tuple(ref for _, ref, _ in yields))
+        plan_id = _seen_plans.get(key)
+        if plan_id is None or plan_id < 0:
+            with _plans_lock:  # threads walking at once must not share an id
+                plan_id = _seen_plans.get(key)
+                if plan_id is None:  # first seen: op by op, and remembered
+                    if len(_seen_plans) < _PLANS_KEPT:
+                        _seen_plans[key] = -1
+                    return None
+                if plan_id < 0:
+                    plan_id = _seen_plans[key] = len(_plan_table)
+                    _plan_table.append(key)
+        if shape is not None and len(_known_shapes) < _PLANS_KEPT:
+            _known_shapes[shape.signature] = (plan_id, shape.order_of(ops),
+                                              [shape.place_of(x, roots, wanted)
+                                               for x, _, _ in yields])
+    leaves = [leaf for state in states for leaf in state]
+    sizes = tuple([len(state) for state in states])
     at = device if record and replay.pending(device) else None
     values = replay.run(_replay, (plan_id, sizes), leaves + [g for _, g in roots], at)
     if at is not None:
         replay.soften(leaves)
-    return plan.ops, [(x, v, name) for (x, _, name), v in zip(yields, values)]
+    return ops, [(x, v, name) for (x, _, name), v in zip(yields, values)]
+
+
+# A planned walk's signature (see _Shape) -> (plan id, its operators' order in the walk as
+# numbers of _Shape.ops, where each yielded tensor is found): a walk of the same signature
+# finds its plan here without walking symbolically.
+_known_shapes: Dict[Tuple, Tuple[int, Tuple[int, ...], list]] = {}
+
+
+class _Shape:
+    """The shape of the graph a walk would take, read in one breadth-first pass: everything
+    :func:`_walk` decides by -- each node met (numbered in the order met), each operator's
+    pullback step (function, spec, which inputs get a gradient), each edge (the node it comes
+    from, which of its outputs, whether that tensor stores its gradient or is wanted, whether
+    the node is a leaf, is walked into, has several outputs) -- in one flat ``signature``. Two
+    graphs of one signature give the same plan and the same yields in the same places, so a
+    walk of a signature planned before skips the symbolic walk (:func:`_fused_walk`)."""
+
+    __slots__ = ("signature", "ops", "states")
+
+    @classmethod
+    def of(cls, roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Tensor],
+           pending: bool, heavy: bool) -> Optional["_Shape"]:
+        """The shape of the walk from ``roots``, or None where it cannot be a fused walk (an
+        operator without a pure pullback, a freed one, more than a fused walk takes)."""
+        tracked = any(y.tracked for y, _ in roots)
+        numbers: Dict[Node, int] = {}
+        ops: list = []
+        # (with the limits a plan is accepted under: tests change them)
+        sig: list = [tracked, heavy, pending, len(roots), bool(wanted), FUSED_WALK_MAX_OPS,
+                     FUSED_WALK_MAX_SMALL_OPS, FUSED_WALK_SMALL_OP]
+        add = sig.append
+        for y, _ in roots:
+            node = y.creator
+            n = numbers.get(node)
+            if n is None:
+                n = numbers[node] = len(numbers)
+                walks = _walks_into(node, tracked)
+                if walks:
+                    ops.append(node)
+                add(walks)
+            ids = node.y_id2idx
+            add(n)
+            add(ids[id(y)])
+            add(len(ids))
+            add(y.stores_grad)
+            add(bool(wanted) and (node, id(y)) in wanted)
+        states = []
+        extend = sig.extend
+        for op in ops:  # grows while it is read
+            if op.freed or len(ops) > FUSED_WALK_MAX_SMALL_OPS:
+                return None
+            step = op.pullback_step(pending)
+            if step is None:
+                return None
+            pull, spec, state, gives = step
+            states.append(state)
+            src = op.src
+            extend((pull, spec, gives, len(src)))
+            for src_op, x_id, _, stores_grad in src:
+                n = numbers.get(src_op)
+                if n is None:
+                    n = numbers[src_op] = len(numbers)
+                    leaf = isinstance(src_op, Dummy)
+                    walks = not leaf and _walks_into(src_op, tracked)
+                    if walks:
+                        ops.append(src_op)
+                    extend((walks, leaf))
+                ids = src_op.y_id2idx
+                extend((n, ids.get(x_id, -1), len(ids), stores_grad))
+                if wanted:
+                    add((src_op, x_id) in wanted)
+        shape = object.__new__(cls)
+        shape.signature, shape.ops, shape.states = tuple(sig), ops, states
+        return shape
+
+    def order_of(self, ops: Sequence[Operator]) -> Tuple[int, ...]:
+        """The numbers (in :attr:`ops`) of ``ops``, a walk's operators in its order."""
+        number = {op: k for k, op in enumerate(self.ops)}
+        return tuple([number[op] for op in ops])
+
+    def place_of(self, x: Tensor, roots: Sequence[Tuple[Tensor, Any]],
+                 wanted: Dict[Tuple[Node, int], Tensor]) -> Tuple[int, int]:
+        """Where a walk finds the yielded tensor ``x``: ``(-1, i)`` the i-th root, ``(k, j)``
+        the j-th input of operator ``k`` (held there as a tensor that stores its gradient, or
+        wanted). Two places of one signature that hold one tensor hold one tensor in every
+        graph of that signature (an edge's node and output are in the signature)."""
+        for i, (y, _) in enumerate(roots):
+            if y is x:
+                return -1, i
+        for k, op in enumerate(self.ops):
+            for j, (src_op, x_id, kept, stores_grad) in enumerate(op.src):
+                if x_id == id(x) and (kept if stores_grad else wanted.get((src_op, x_id))) is x:
+                    return k, j
+        raise LookupError(f"backward: a yielded tensor {x.name} is not in the walk's graph")
+
+    def tensor_at(self, place: Tuple[int, int], roots: Sequence[Tuple[Tensor, Any]],
+                  wanted: Dict[Tuple[Node, int], Tensor]) -> Tuple[Tensor, None, str]:
+        """``(tensor, None, its gradient's name)`` for the tensor at ``place`` (see
+        :meth:`place_of`), as :func:`_walk` yields it (the value comes from the plan)."""
+        k, j = place
+        if k < 0:
+            y = roots[j][0]
+            return y, None, y.creator.grad_name(y.creator.y_id2idx[id(y)])
+        src_op, x_id, x, stores_grad = self.ops[k].src[j]
+        return (x if stores_grad else wanted[src_op, x_id]), None, \
+            src_op.grad_name(src_op.y_id2idx[x_id])
 
 
 def _apply_pullback(vjp: Callable, cotangents: Any) -> Any:
