@@ -24,7 +24,7 @@ import operator
 import threading
 from collections import Counter
 from functools import partial
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -574,8 +574,8 @@ def _fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, in
                     _plan_table.append(key)
         if shape is not None and len(_known_shapes) < _PLANS_KEPT:
             _known_shapes[shape.signature] = (plan_id, shape.order_of(ops),
-                                              [shape.place_of(x, roots, wanted)
-                                               for x, _, _ in yields])
+                                              shape.places_of([x for x, _, _ in yields], roots,
+                                                              wanted))
     leaves = [leaf for state in states for leaf in state]
     sizes = tuple([len(state) for state in states])
     at = device if record and replay.pending(device) else None
@@ -663,25 +663,26 @@ class _Shape:
         number = {op: k for k, op in enumerate(self.ops)}
         return tuple([number[op] for op in ops])
 
-    def place_of(self, x: Tensor, roots: Sequence[Tuple[Tensor, Any]],
-                 wanted: Dict[Tuple[Node, int], Tensor]) -> Tuple[int, int]:
-        """Where a walk finds the yielded tensor ``x``: ``(-1, i)`` the i-th root, ``(k, j)``
-        the j-th input of operator ``k`` (held there as a tensor that stores its gradient, or
-        wanted). Two places of one signature that hold one tensor hold one tensor in every
+    def places_of(self, xs: Sequence[Tensor], roots: Sequence[Tuple[Tensor, Any]],
+                  wanted: Dict[Tuple[Node, int], Tensor]) -> List[Tuple[int, int]]:
+        """Where a walk finds each yielded tensor of ``xs``: ``(-1, i)`` the i-th root, ``(k,
+        j)`` the j-th input of operator ``k`` (held there as a tensor that stores its gradient,
+        or wanted). Two places of one signature that hold one tensor hold one tensor in every
         graph of that signature (an edge's node and output are in the signature)."""
+        places: Dict[int, Tuple[int, int]] = {}
         for i, (y, _) in enumerate(roots):
-            if y is x:
-                return -1, i
+            places.setdefault(id(y), (-1, i))
         for k, op in enumerate(self.ops):
             for j, (src_op, x_id, kept, stores_grad) in enumerate(op.src):
-                if x_id == id(x) and (kept if stores_grad else wanted.get((src_op, x_id))) is x:
-                    return k, j
-        raise LookupError(f"backward: a yielded tensor {x.name} is not in the walk's graph")
+                x = kept if stores_grad else wanted.get((src_op, x_id))
+                if x is not None and id(x) == x_id:
+                    places.setdefault(x_id, (k, j))
+        return [places[id(x)] for x in xs]
 
     def tensor_at(self, place: Tuple[int, int], roots: Sequence[Tuple[Tensor, Any]],
                   wanted: Dict[Tuple[Node, int], Tensor]) -> Tuple[Tensor, None, str]:
         """``(tensor, None, its gradient's name)`` for the tensor at ``place`` (see
-        :meth:`place_of`), as :func:`_walk` yields it (the value comes from the plan)."""
+        :meth:`places_of`), as :func:`_walk` yields it (the value comes from the plan)."""
         k, j = place
         if k < 0:
             y = roots[j][0]

@@ -597,6 +597,9 @@ def functional(op_cls: type, name: str, params: Sequence[str], doc: str = "") ->
                           else inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
 
     variadic = any(p.startswith("*") for p in params)
+    # the kind's recipes (see .kinds), one per input avals: a table's op is called on tensors
+    # of several shapes in one model (a ResNet's relu), and each keeps its recipe
+    recipes: Optional[Dict[Any, Any]] = {} if recorded_by_kind(op_cls) else None
 
     def f(*args, **kwargs):
         if kwargs or variadic or len(args) != len(params):  # the usual call skips the binding
@@ -604,7 +607,14 @@ def functional(op_cls: type, name: str, params: Sequence[str], doc: str = "") ->
                 args = sig.bind(*args, **kwargs).args
             except TypeError as e:
                 raise TypeError(f"{name}(): {e}") from None
-        return op_cls()(*args)[0]
+            return op_cls()(*args)[0]
+        if recipes is None:
+            return op_cls()(*args)[0]
+        try:
+            key = tuple([x._data.aval for x in args])
+        except AttributeError:  # (not Tensors: the engine says what is wrong)
+            return op_cls()(*args)[0]
+        return kind_call(recipes, key, op_cls, args)
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = doc or op_cls.__doc__
@@ -672,3 +682,6 @@ def back_broadcast(y_shape: Sequence[int], x_shape: Sequence[int], x: Any) -> An
 def ctensor2numpy(x: Any) -> np.ndarray:
     """A host (NumPy) copy of a CTensor or array (SINGA's helper; for host-side code only)."""
     return np.asarray(x)
+
+
+from .kinds import kind_call, recorded_by_kind  # noqa: E402  (kinds builds on this kit)

@@ -22,6 +22,7 @@ from ..modes import is_training
 from . import conv_cpu
 from . import function as _function
 from .function import Function, InvalidInput
+from .kinds import kind_call
 from .handles import (NO_ODD_PADDING, BatchNormHandle, ConvHandle, CudnnBatchNormHandle,  # noqa: F401
                       CudnnConvHandle, CudnnPoolingHandle, CudnnRNNHandle, Pair, PoolingHandle,
                       RNNHandle, _odd_padding, _rnn_layout, _RNN_GATES)
@@ -383,12 +384,21 @@ class _Conv2d(_WindowOp):
                    f"bias b of shape {tuple(b.shape)} does not match W's {W.shape[0]} filters")
 
 
+def _recipes_of(handle: Any) -> Optional[Dict[Any, Any]]:
+    """The recipes of the operator kinds ``handle`` configures (see .kinds), kept on it."""
+    store = getattr(handle, "__dict__", None)
+    return None if store is None else store.setdefault("_op_recipes", {})
+
+
 def conv2d(handle: ConvHandle, x: Tensor, W: Tensor, b: Optional[Tensor] = None,
            odd_padding: Sequence[int] = NO_ODD_PADDING) -> Tensor:
     """2-D convolution of NCHW ``x`` with OIHW ``W`` (+ ``b``) as configured by ``handle``;
     ``odd_padding`` (top, bottom, left, right) is extra zero padding for SAME_UPPER/LOWER."""
-    op = _Conv2d(handle, odd_padding)
-    return (op(x, W) if b is None else op(x, W, b))[0]
+    xs = (x, W) if b is None else (x, W, b)
+    if type(odd_padding) is tuple and isinstance(handle, ConvHandle):  # (a hashable kind key)
+        return kind_call(_recipes_of(handle), ("conv", odd_padding),
+                         lambda: _Conv2d(handle, odd_padding), xs)
+    return _Conv2d(handle, odd_padding)(*xs)[0]
 
 
 class _Pooling2d(_WindowOp):
@@ -487,6 +497,14 @@ def batchnorm_2d(handle: BatchNormHandle, x: Tensor, scale: Tensor, bias: Tensor
                  running_mean: Tensor, running_var: Tensor) -> Tensor:
     """Batch normalisation (see :class:`_BatchNorm2d`); updates the running statistics in
     training mode."""
+    if isinstance(handle, BatchNormHandle) and isinstance(running_mean, Tensor) and \
+            isinstance(running_var, Tensor):
+        # (the kind: this handle's momentum and epsilon, over these running statistics; the
+        # recipe holds them, so their ids stay theirs)
+        key = ("bn", handle.factor, handle.epsilon, id(running_mean), id(running_var))
+        return kind_call(_recipes_of(handle), key,
+                         lambda: _BatchNorm2d(handle, running_mean, running_var),
+                         (x, scale, bias))
     return _BatchNorm2d(handle, running_mean, running_var)(x, scale, bias)[0]
 
 
