@@ -43,15 +43,14 @@ class Residuals:
 
 
 def split(pullback: Any, inputs: Sequence[Any], outputs: Any) -> Any:
-    """Inside a kernel: ``pullback`` as :class:`Residuals` when some of its leaves are the
-    kernel's ``inputs`` or leaves of its ``outputs`` (a pytree), compared by identity (they are
-    traced values), else unchanged."""
+    """Inside a kernel: ``pullback`` as :class:`Residuals`, without those of its leaves that
+    are the kernel's ``inputs`` or leaves of its ``outputs`` (a pytree), compared by identity
+    (they are traced values). Also when none is: the pullback's own structure (``jax.vjp``'s
+    closures) is then never built or flattened by an eager call, only the layout's leaves."""
     leaves, treedef = jax.tree_util.tree_flatten(pullback)
     source = {id(y): (_OUTPUT, i) for i, y in enumerate(jax.tree_util.tree_leaves(outputs))}
     source.update((id(x), (_INPUT, i)) for i, x in enumerate(inputs))  # an input first
     where = tuple(source.get(id(leaf)) for leaf in leaves)
-    if not any(where):
-        return pullback
     return Residuals([leaf for leaf, w in zip(leaves, where) if w is None], (treedef, where))
 
 
