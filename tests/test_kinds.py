@@ -241,3 +241,17 @@ def test_eager_training_with_recipes_equals_the_generic_path(recipes_used, monke
     for k in made_state:
         np.testing.assert_allclose(made_state[k], generic_state[k],
                                    **two_programs_tolerance(1e-6, 1e-6), err_msg=k)
+
+
+def test_a_replaced_kernel_function_is_not_taken_from_the_recipe(recipes_used, monkeypatch,
+                                                                 rng):
+    """An op class whose pure function is replaced (a user patching ``autograd.Tanh.fn``)
+    computes with the new one at once, as the generic path reads it on every call."""
+    x = tensor.from_numpy(rng.standard_normal((2, 3)).astype(np.float32))
+    autograd.tanh(x)
+    autograd.tanh(x)
+    assert recipes_used[-1] is True
+    monkeypatch.setattr(autograd.Tanh, "fn", staticmethod(lambda a: a * 2.0))
+    np.testing.assert_allclose(tensor.to_numpy(autograd.tanh(x)), 2 * tensor.to_numpy(x),
+                               rtol=1e-6)
+    assert recipes_used[-1] is False

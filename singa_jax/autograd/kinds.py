@@ -61,8 +61,8 @@ class Recipe:
     whether the call kept a pullback (training mode), ``every`` the mask a direct SINGA-style
     backward needs when the call skipped inputs."""
 
-    __slots__ = ("cls", "prefix", "attrs", "modes", "inputs", "device", "statics", "keeps",
-                 "every", "requires_grad", "stateful")
+    __slots__ = ("cls", "fn", "prefix", "attrs", "modes", "inputs", "device", "statics",
+                 "keeps", "every", "requires_grad", "stateful")
 
     @classmethod
     def learn(cls, op: Function, xs: Sequence[Tensor], modes: Tuple) -> Optional["Recipe"]:
@@ -83,7 +83,7 @@ class Recipe:
             inputs.append((x._data.aval, x.requires_grad, x.stores_grad,
                            isinstance(x.creator, Dummy)))
         recipe = object.__new__(cls)
-        recipe.cls, recipe.prefix, recipe.modes = kind, kind.__name__, modes
+        recipe.cls, recipe.fn, recipe.prefix, recipe.modes = kind, kind.fn, kind.__name__, modes
         recipe.attrs = {k: v for k, v in state.items() if k not in _PER_CALL}
         recipe.inputs, recipe.device = tuple(inputs), device
         recipe.requires_grad = op.requires_grad
@@ -105,7 +105,8 @@ class Recipe:
     def record(self, xs: Sequence[Tensor]) -> Optional[Tensor]:
         """The output Tensor of this kind's operator on ``xs`` -- made as the generic path
         makes it -- or None when the call's signature is not this recipe's."""
-        if len(xs) != len(self.inputs) or not replay.active() or _modes() != self.modes:
+        if len(xs) != len(self.inputs) or not replay.active() or _modes() != self.modes or \
+                self.cls.fn is not self.fn:  # (the class's function replaced since)
             return None
         device = self.device
         src = []
