@@ -544,8 +544,9 @@ class Optimizer:
         if recording is None:
             replay.flush()  # the arrays are read directly below: nothing may be pending
         self._warn_skipped_steps()
+        own_check = type(self)._check_pair is not Optimizer._check_pair
         for name, p, g in triples:  # validate everything before any state changes
-            if type(p) is Tensor and type(g) is Tensor:  # the usual pair, in one test
+            if type(p) is Tensor and type(g) is Tensor and not own_check:  # the usual pair
                 pa, ga = p._data, g._data
                 if pa.shape == ga.shape and is_inexact(pa.dtype) and is_inexact(ga.dtype):
                     continue
