@@ -11,6 +11,7 @@ import pytest
 
 from singa_jax import autograd, device, layer, model, opt, replay, tensor
 from singa_jax.autograd import kinds
+from singa_jax.modes import training_mode
 from singa_jax.tensor import Tensor
 
 from backend_precision import two_programs_tolerance
@@ -61,7 +62,7 @@ def test_a_recipe_makes_the_operator_the_generic_path_makes(recipes_used, monkey
     its operator, edges, output and the statistics it writes equal the generic path's."""
     x = tensor.from_numpy(rng.standard_normal((2, 3, 5, 5)).astype(np.float32))
     conv, bn = layer.Conv2d(3, 4, 3, padding=1, bias=bias), layer.BatchNorm2d(4)
-    with _mode(training):
+    with training_mode(training):
         _conv_bn_relu(x, conv, bn)  # initialises the layers; leaves the recipes
         stats = [tensor.to_numpy(t) for t in (bn.running_mean, bn.running_var)]
         made = _conv_bn_relu(x, conv, bn)
@@ -86,19 +87,6 @@ def test_a_recipe_makes_the_operator_the_generic_path_makes(recipes_used, monkey
         np.testing.assert_array_equal(a, b)
     if training:
         assert not np.array_equal(generic_stats[0], stats[0])  # (the statistics were written)
-
-
-class _mode:
-    """autograd.training set for a block."""
-
-    def __init__(self, value: bool):
-        self.value = value
-
-    def __enter__(self):
-        self.saved, autograd.training = autograd.training, self.value
-
-    def __exit__(self, *exc):
-        autograd.training = self.saved
 
 
 def test_gradients_through_recipe_made_operators_equal_the_generic_path(
@@ -141,7 +129,7 @@ def test_another_signature_takes_the_generic_path_and_leaves_its_recipe(recipes_
     def relu_of_mul(a, b):
         return autograd.relu(autograd.mul(a, b))
 
-    with _mode(True):
+    with training_mode(True):
         relu_of_mul(x, w)  # (the recipes may be another test's: this call leaves this one's)
         del recipes_used[:]
         relu_of_mul(x, w)
@@ -157,11 +145,11 @@ def test_another_signature_takes_the_generic_path_and_leaves_its_recipe(recipes_
         y = relu_of_mul(x, w)
         assert recipes_used[6] is False
         assert y.creator.src[0][0].input_needs_grad == (False, False)
-    with _mode(False):
+    with training_mode(False):
         relu_of_mul(x, w)
         assert recipes_used[-2:] == [False, False]
     t = tensor.tensor(rng.standard_normal((2, 3, 5, 5)).astype(np.float32), requires_grad=True)
-    with _mode(False):
+    with training_mode(False):
         y = autograd.relu(autograd.mul(t, t))
     assert recipes_used[-2:] == [False, False] and y.tracked
     autograd.reduce_sum(y).backward()

@@ -560,18 +560,9 @@ def _fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, in
     if any(op.device is not device for op in ops):
         return None
     if known is None:
-        key = (tuple(plan.steps), tuple(ref for _, ref, _ in yields))
-        plan_id = _seen_plans.get(key)
-        if plan_id is None or plan_id < 0:
-            with _plans_lock:  # threads walking at once must not share an id
-                plan_id = _seen_plans.get(key)
-                if plan_id is None:  # first seen: op by op, and remembered
-                    if len(_seen_plans) < _PLANS_KEPT:
-                        _seen_plans[key] = -1
-                    return None
-                if plan_id < 0:
-                    plan_id = _seen_plans[key] = len(_plan_table)
-                    _plan_table.append(key)
+        plan_id = _plan_id((tuple(plan.steps), tuple(ref for _, ref, _ in yields)))
+        if plan_id is None:  # first seen: op by op, and remembered
+            return None
         if shape is not None and len(_known_shapes) < _PLANS_KEPT:
             _known_shapes[shape.signature] = (plan_id, shape.order_of(ops),
                                               shape.places_of([x for x, _, _ in yields], roots,
@@ -583,6 +574,23 @@ def _fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, in
     if at is not None:
         replay.soften(leaves)
     return ops, [(x, v, name) for (x, _, name), v in zip(yields, values)]
+
+
+def _plan_id(key: Tuple) -> Optional[int]:
+    """The id in ``_plan_table`` of the plan ``key`` (its steps and outputs) -- given on its
+    second walk -- or None the first time (then remembered, while fewer than _PLANS_KEPT)."""
+    plan_id = _seen_plans.get(key)
+    if plan_id is None or plan_id < 0:
+        with _plans_lock:  # threads walking at once must not share an id
+            plan_id = _seen_plans.get(key)
+            if plan_id is None:
+                if len(_seen_plans) < _PLANS_KEPT:
+                    _seen_plans[key] = -1
+                return None
+            if plan_id < 0:
+                plan_id = _seen_plans[key] = len(_plan_table)
+                _plan_table.append(key)
+    return plan_id
 
 
 # A planned walk's signature (see _Shape) -> (plan id, its operators' order in the walk as

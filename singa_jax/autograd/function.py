@@ -112,14 +112,20 @@ def _static_key(static: Dict[str, Any]) -> Tuple:
     return _interned(items)
 
 
+def _handle_cache(handle: Any, name: str) -> Optional[Dict[Any, Any]]:
+    """The dict ``name`` that an op kit keeps on ``handle`` (made on first use), or None for a
+    handle without an instance dict (then nothing is kept)."""
+    store = getattr(handle, "__dict__", None)
+    return None if store is None else store.setdefault(name, {})
+
+
 def _handle_statics(handle: Any, key: Any, make: Callable[[], Dict[str, Any]]
                     ) -> Tuple[Dict[str, Any], Tuple]:
     """``(static arguments, their kernel key)`` of an op configured by ``handle`` -- ``make()``
     the first time for ``key``, then kept on the handle. A handle's configuration is fixed when
     it is made (as SINGA's C++ handles' cuDNN descriptors are), and a layer makes one op per
     call: the arguments and their key are made once per handle and ``key``, not once per op."""
-    store = getattr(handle, "__dict__", None)
-    cache = None if store is None else store.setdefault("_op_statics", {})
+    cache = _handle_cache(handle, "_op_statics")
     entry = None if cache is None else cache.get(key)
     if entry is None:
         static = make()
@@ -169,6 +175,29 @@ def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: i
     ys, pullback, new_state = replay.run(_forward_vjp_kernel,
                                          _interned((fn, static, diff, n_state)), xs, device)
     return ys, (residuals.join(pullback, xs, ys) if join else pullback), new_state
+
+
+def _kept_pullback(pullback: Any, args: Tuple, ys: Any, device: Any) -> Any:
+    """What a training-mode forward keeps of the pullback its kernel returned for ``args`` and
+    ``ys``: joined now, or -- recorded, or run on recorded inputs (``device``: replay may have
+    recorded; the pullback keeps them) -- an :class:`_Unjoined`, whose Deferred leaves are
+    computed and joined when a backward first needs them."""
+    if device is not None:
+        if type(ys[0] if isinstance(ys, tuple) else ys) is Deferred:
+            return _Unjoined(pullback, args, ys)
+        for x in args:
+            if type(x) is Deferred:
+                return _Unjoined(pullback, args, ys)
+    return residuals.join(pullback, args, ys)
+
+
+def _store_writes(writes: Sequence[Tensor], new_state: Sequence[Any]) -> None:
+    """Rebind each declared write to its new value (a pending Deferred, or an array)."""
+    for t, value in zip(writes, new_state):
+        if type(value) is Deferred:
+            replay.bind(t, value)
+        else:
+            t.array = value
 
 
 _FLAT = object()  # Function._pullback: the pullback is held as its leaves only (_flat)
@@ -364,11 +393,7 @@ class Function(Operator):
                 ys = replay.run(_forward, _interned((fn, static)), args, device)
         except (TypeError, ValueError) as e:
             raise _op_error(type(self).__name__, args, self.static, e) from None
-        for t, value in zip(writes, new_state):
-            if type(value) is Deferred:
-                replay.bind(t, value)
-            else:
-                t.array = value
+        _store_writes(writes, new_state)
         return ys
 
     def _forward_keeping_pullback(self, fn: Callable, static: Tuple, xs: tuple, args: tuple,
@@ -379,18 +404,7 @@ class Function(Operator):
         ys, pullback, new_state = _forward_vjp(fn, static, diff + extras, n_state, args, device,
                                                join=False)
         several = isinstance(ys, tuple)
-        # recorded, or run on recorded inputs (the pullback keeps them): Deferred leaves to
-        # compute before a backward, so the pullback is joined then (see _Unjoined)
-        deferred = False
-        if device is not None:
-            deferred = type(ys[0] if several else ys) is Deferred
-            if not deferred:
-                for x in args:
-                    if type(x) is Deferred:
-                        deferred = True
-                        break
-        self._pullback = (_Unjoined(pullback, args, ys) if deferred
-                          else residuals.join(pullback, args, ys))
+        self._pullback = _kept_pullback(pullback, args, ys, device)
         self._diff, self._flat = diff, None
         # a direct SINGA-style backward may still ask for the skipped inputs' gradients
         self._all_inputs = None if every is None else (args, every + extras)

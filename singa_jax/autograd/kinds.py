@@ -30,12 +30,10 @@ from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 from .. import replay
 from ..creator import Dummy
 from ..modes import autocast_dtype, is_grad_enabled, is_training
-from ..replay import Deferred
 from ..tensor import Tensor
-from ..tensor.handle import result_tensor
-from . import engine, residuals
+from . import engine
 from .function import (Function, NonDifferentiable, _forward, _forward_vjp_kernel, _interned,
-                       _op_error, _split_state, _Unjoined)
+                       _op_error, _split_state, _kept_pullback, _store_writes)
 
 __all__ = ["Recipe", "kind_call", "recorded_by_kind", "ENABLED"]
 
@@ -123,7 +121,7 @@ class Recipe:
         op = object.__new__(self.cls)
         state = op.__dict__
         state.update(self.attrs)
-        name = state["name"] = f"{self.prefix}#{n}"
+        state["name"] = f"{self.prefix}#{n}"
         state["src"] = src
         args = tuple([x._data for x in xs])
         writes = ()
@@ -134,14 +132,7 @@ class Recipe:
             if self.keeps:
                 ys, pullback, new_state = replay.run(_forward_vjp_kernel, self.statics, args,
                                                      device)
-                deferred = type(ys) is Deferred
-                if not deferred:
-                    for a in args:
-                        if type(a) is Deferred:
-                            deferred = True
-                            break
-                state["_pullback"] = (_Unjoined(pullback, args, ys) if deferred
-                                      else residuals.join(pullback, args, ys))
+                state["_pullback"] = _kept_pullback(pullback, args, ys, device)
                 state["_flat"] = None
                 state["_all_inputs"] = None if self.every is None else (args, self.every)
             else:
@@ -151,14 +142,8 @@ class Recipe:
                     ys, new_state = _split_state(ys, len(writes))
         except (TypeError, ValueError) as e:  # (a signature that worked before: not expected)
             raise _op_error(self.prefix, args, state.get("static", {}), e) from None
-        for t, value in zip(writes, new_state):
-            if type(value) is Deferred:
-                replay.bind(t, value)
-            else:
-                t.array = value
-        y = result_tensor(ys, device, self.requires_grad, op, f"{name}:0", True)
-        if type(ys) is Deferred:
-            replay.bind(y, ys)
+        _store_writes(writes, new_state)
+        y = op._output(ys, 0, device, self.requires_grad, True)  # (the engine's, as generic)
         state["y_id2idx"] = {id(y): 0}
         return y
 

@@ -384,20 +384,14 @@ class _Conv2d(_WindowOp):
                    f"bias b of shape {tuple(b.shape)} does not match W's {W.shape[0]} filters")
 
 
-def _recipes_of(handle: Any) -> Optional[Dict[Any, Any]]:
-    """The recipes of the operator kinds ``handle`` configures (see .kinds), kept on it."""
-    store = getattr(handle, "__dict__", None)
-    return None if store is None else store.setdefault("_op_recipes", {})
-
-
 def conv2d(handle: ConvHandle, x: Tensor, W: Tensor, b: Optional[Tensor] = None,
            odd_padding: Sequence[int] = NO_ODD_PADDING) -> Tensor:
     """2-D convolution of NCHW ``x`` with OIHW ``W`` (+ ``b``) as configured by ``handle``;
     ``odd_padding`` (top, bottom, left, right) is extra zero padding for SAME_UPPER/LOWER."""
     xs = (x, W) if b is None else (x, W, b)
     if type(odd_padding) is tuple and isinstance(handle, ConvHandle):  # (a hashable kind key)
-        return kind_call(_recipes_of(handle), ("conv", odd_padding),
-                         lambda: _Conv2d(handle, odd_padding), xs)
+        return kind_call(_function._handle_cache(handle, "_op_recipes"),
+                         ("conv", odd_padding), lambda: _Conv2d(handle, odd_padding), xs)
     return _Conv2d(handle, odd_padding)(*xs)[0]
 
 
@@ -502,7 +496,7 @@ def batchnorm_2d(handle: BatchNormHandle, x: Tensor, scale: Tensor, bias: Tensor
         # (the kind: this handle's momentum and epsilon, over these running statistics; the
         # recipe holds them, so their ids stay theirs)
         key = ("bn", handle.factor, handle.epsilon, id(running_mean), id(running_var))
-        return kind_call(_recipes_of(handle), key,
+        return kind_call(_function._handle_cache(handle, "_op_recipes"), key,
                          lambda: _BatchNorm2d(handle, running_mean, running_var),
                          (x, scale, bias))
     return _BatchNorm2d(handle, running_mean, running_var)(x, scale, bias)[0]
