@@ -13,9 +13,12 @@ a CPU, meant for a GPU.
 
 Every timed step waits for ALL of its results (loss, parameters, buffers, optimizer slots); the
 evaluation forward waits for its output. Variants take turns in blocks; PyTorch runs in its own
-process, alternating with the JAX blocks. Medians are printed with the ratios, and eager
-against PyTorch also round by round (each round's eager median over PyTorch's median in the
-same round: on a host whose load drifts, steadier than the ratio of the whole run's medians).
+process, which stays up with its steps warm and times a block of the same work right after
+eager mode's block (``torch_child.StepServer``; one side waits while the other runs). Medians
+are printed with the ratios, and eager against PyTorch also block by block (each eager
+block's median over the PyTorch block's right after it: on a host whose load swings within
+seconds, steadier than the ratio of the whole run's medians; more rounds of fewer steps pair
+more closely).
 
 singa_jax tunes Python's garbage collector at the first eager backward (a higher young
 threshold: singa_jax/gc_tuning.py); run with ``SINGA_JAX_GC_TUNING=0`` to time without it.
@@ -43,13 +46,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 from unittest import mock
 
 import jax
@@ -57,7 +58,7 @@ import numpy as np
 
 from singa_jax import (autograd, device, gc_tuning, layer, model, opt, replay, tensor,
                        xla_options)
-from torch_child import step_times
+from torch_child import StepServer, serve_steps
 
 LR, MOMENTUM = 0.05, 0.9
 WARMUP = 8  # calls of each variant before timing
@@ -146,13 +147,14 @@ def _torch_net(net_kind: str, depth: int):
     return torchvision.models.resnet50()
 
 
-def _torch_child(net_kind: str, batch: int, depth: int, steps: int, threads: int = 0) -> None:
+def _torch_steps(net_kind: str, batch: int, depth: int, threads: int = 0
+                 ) -> Optional[Dict[str, Callable[[], Any]]]:
+    """PyTorch's training step and evaluation forward of ``net_kind`` (None: no PyTorch)."""
     try:
         import torch
         net = _torch_net(net_kind, depth)
     except ImportError:
-        print(json.dumps(None))
-        return
+        return None
     if threads:
         torch.set_num_threads(threads)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -180,19 +182,16 @@ def _torch_child(net_kind: str, batch: int, depth: int, steps: int, threads: int
             torch.cuda.synchronize()
         return out
 
-    print(json.dumps({"train": step_times(train, steps), "eval": step_times(evaluate, steps)}))
+    return {"train": train, "eval": evaluate}
 
 
-def torch_times(net_kind: str, batch: int, depth: int, steps: int,
-                threads: int = 0) -> Dict[str, List[float]]:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-child", net_kind,
-                          "--batch", str(batch), "--depth", str(depth), "--steps", str(steps),
-                          "--torch-threads", str(threads)],
-                         capture_output=True, text=True)
-    if out.returncode:
-        print(out.stderr[-2000:])
-        return {}
-    return json.loads(out.stdout.strip().splitlines()[-1]) or {}
+def torch_server(net_kind: str, batch: int, depth: int, threads: int = 0
+                 ) -> Optional[StepServer]:
+    """A child process serving PyTorch's steps (see torch_child.StepServer), or None without
+    PyTorch."""
+    server = StepServer([os.path.abspath(__file__), "--torch-child", net_kind, "--batch",
+                         str(batch), "--depth", str(depth), "--torch-threads", str(threads)])
+    return server if server.available else None
 
 
 # --- timing ----------------------------------------------------------------------------------
@@ -284,16 +283,23 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
     # each round's medians, eager against PyTorch: the host's load drifts between rounds, and a
     # ratio of two medians taken in the same round is steadier than one of whole-run medians
     paired: Dict[str, List[float]] = {"train": [], "eval": []}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            for _ in range(per_round):
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-        for k, v in torch_times(net_kind, batch, depth, per_round, torch_threads).items():
-            torch_t[k] += v
-            paired[k].append(statistics.median(times[f"eager {k}"][-per_round:])
-                             / statistics.median(v))
+    server = torch_server(net_kind, batch, depth, torch_threads)
+    try:
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - t0)
+                kind = name.split()[1]
+                if server is not None and name == f"eager {kind}":  # PyTorch's block next
+                    v = server.times(kind, per_round)
+                    torch_t[kind] += v
+                    paired[kind].append(statistics.median(times[name][-per_round:])
+                                        / statistics.median(v))
+    finally:
+        if server is not None:
+            server.close()
     if torch_t["train"]:
         times["torch train"], times["torch eval"] = torch_t["train"], torch_t["eval"]
     if split:
@@ -361,7 +367,7 @@ def main() -> None:
     ap.add_argument("--torch-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_child:
-        _torch_child(args.torch_child, args.batch, args.depth, args.steps, args.torch_threads)
+        serve_steps(_torch_steps(args.torch_child, args.batch, args.depth, args.torch_threads))
         return
     print(f"jax {jax.__version__}; {jax.devices()[0]}")
     for net_kind in args.nets.split(","):

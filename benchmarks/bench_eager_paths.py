@@ -1,7 +1,8 @@
-"""Eager mode's two remembered paths on and off, taking turns in one process: the recording path
-per operator kind (``autograd/kinds.py``, ``kinds.ENABLED``) and the remembered backward walk
+"""Eager mode's paths on and off, taking turns in one process: the recording path per operator
+kind (``autograd/kinds.py``, ``kinds.ENABLED``), the remembered backward walk
 (``autograd/engine.py``'s ``_Shape``: a walk whose graph signature was planned before skips the
-symbolic walk).
+symbolic walk) and the lean pullbacks (``autograd/residuals.register_lean``: relu's and batch
+norm's hand-written pullbacks; off, the forward kernel differentiates the plain functions).
 
 ``deep``: ``bench_eager.py``'s dispatch-bound network (100 x [Conv2d 8->8, BatchNorm2d, ReLU]
 on one 8x8x8 image, SGD with momentum): the training step, its forward and its backward walk
@@ -12,7 +13,7 @@ printed, and the median of those ratios (on a host whose load drifts, steadier t
 of the medians). Every timed step waits for all of its results.
 
     python benchmarks/bench_eager_paths.py [--nets deep,mlp,cnn] [--rounds 8] [--steps 10]
-        [--only kinds|walk]
+        [--only kinds|walk|lean]
 """
 from __future__ import annotations
 
@@ -27,9 +28,20 @@ import numpy as np
 import bench_eager
 import bench_train_step
 from singa_jax import tensor
-from singa_jax.autograd import engine, kinds
+from singa_jax.autograd import engine, function, kinds, residuals
 from singa_jax.opt import optimizers
+from singa_jax.xla_options import kernel
 from torch_child import step_times
+
+
+@kernel(static_argnums=(0, 1, 2, 3))
+def _plain_forward_vjp_kernel(fn, static, diff, n_state, *xs):
+    """The eager forward kernel without lean forms (JAX differentiates ``fn`` itself)."""
+    return residuals.vjp(lambda *args: function._split_state(fn(*args, **dict(static)),
+                                                             n_state), diff, xs)
+
+
+_LEAN_KERNEL = function._forward_vjp_kernel
 
 
 class _NoMemory(dict):
@@ -43,8 +55,12 @@ class _NoMemory(dict):
 
 
 def _set(on: bool, only: str, remembered: dict) -> None:
-    kinds.ENABLED = on or only == "walk"
-    engine._known_shapes = remembered if (on or only == "kinds") else _NoMemory()
+    """Each path on, or off where ``on`` is False and it is ``only`` (None: every path)."""
+    kinds.ENABLED = on or only not in (None, "kinds")
+    engine._known_shapes = remembered if (on or only not in (None, "walk")) else _NoMemory()
+    # (the kernel is read from its module at each call: a recipe keeps only its statics)
+    function._forward_vjp_kernel = kinds._forward_vjp_kernel = \
+        _LEAN_KERNEL if (on or only not in (None, "lean")) else _plain_forward_vjp_kernel
 
 
 def _timed(fn: Callable[[], None], steps: int) -> float:
@@ -97,9 +113,11 @@ def deep(rounds: int, steps: int, only: str) -> None:
 
     remembered = engine._known_shapes
     results = {(k, on): [] for k in ("step", "forward", "walk", "eval") for on in (True, False)}
-    for _ in range(10):
-        train()
-        evaluate()
+    for on in (True, False):  # (each variant's programs compiled before timing)
+        _set(on, only, remembered)
+        for _ in range(8):
+            train()
+            evaluate()
     for _ in range(rounds):
         for on in (True, False):
             _set(on, only, remembered)
@@ -128,8 +146,10 @@ def small(kind: str, rounds: int, steps: int, only: str) -> None:
 
     remembered = engine._known_shapes
     results = {True: [], False: []}
-    for _ in range(10):
-        train()
+    for on in (True, False):
+        _set(on, only, remembered)
+        for _ in range(8):
+            train()
     for _ in range(rounds):
         for on in (True, False):
             _set(on, only, remembered)
@@ -143,10 +163,11 @@ def main() -> None:
     ap.add_argument("--nets", default="deep,mlp,cnn")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--only", choices=["kinds", "walk"], default=None,
-                    help="switch only the per-kind path or only the remembered walk")
+    ap.add_argument("--only", choices=["kinds", "walk", "lean"], default=None,
+                    help="switch only the per-kind path, the remembered walk or the lean "
+                         "pullbacks")
     args = ap.parse_args()
-    print(f"jax {jax.__version__}; {jax.devices()[0]}; switched: {args.only or 'both'}")
+    print(f"jax {jax.__version__}; {jax.devices()[0]}; switched: {args.only or 'all'}")
     for net in args.nets.split(","):
         if net == "deep":
             deep(args.rounds, args.steps, args.only)

@@ -23,7 +23,7 @@ import pytest
 
 from backend_precision import matmul_tolerance
 from singa_jax import autograd, device, layer, model, opt, replay, tensor
-from singa_jax.autograd import engine, function, residuals
+from singa_jax.autograd import engine, function, nn, residuals
 from singa_jax.autograd.function import Function
 from singa_jax.xla_options import kernel
 from singa_jax.creator import Dummy
@@ -302,6 +302,68 @@ def test_forward_kernels_return_no_copies_of_inputs_or_outputs(rng):
         for _ in range(2):
             (_, g2), = autograd.backward(loss)
     np.testing.assert_allclose(_np(g2), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (6, 3)])
+def test_relu_and_batchnorm_pullbacks_keep_no_activation_sized_copies(rng, shape):
+    """relu's and training batch norm's eager pullbacks are hand-written (residuals.register_lean):
+    relu keeps its output alone, batch norm its input and scale plus two per-channel vectors
+    (JAX's own keep a mask and a zeros array, and ``x - mean`` twice). Values and gradients of
+    x, scale and bias equal JAX's differentiation of the plain functions (float32, CPU; the
+    hand-written batch-norm gradient sums in another order: 1e-5), and so do the running
+    statistics."""
+    c = shape[1]
+    x = rng.normal(size=shape).astype(np.float32) * 2 + 1
+    scale, bias = (rng.normal(size=c).astype(np.float32) for _ in range(2))
+    rm0, rv0 = rng.normal(size=c).astype(np.float32), np.abs(rng.normal(size=c)).astype(
+        np.float32) + 0.5
+    xt, st, bt = (Tensor(data=v, stores_grad=True) for v in (x, scale, bias))
+    rm, rv = Tensor(data=rm0, requires_grad=False), Tensor(data=rv0, requires_grad=False)
+    handle = autograd.BatchNormHandle(0.9, xt)
+    h = autograd.batchnorm_2d(handle, xt, st, bt, rm, rv)
+    kept = _pullback_leaves(h)
+    assert kept[0] is xt.array and kept[1] is st.array
+    assert [k.shape for k in kept[2:]] == [(c,), (c,)]  # the batch mean, 1 / sqrt(var + eps)
+    y = autograd.relu(h)
+    dy = rng.normal(size=shape).astype(np.float32)
+    loss = autograd.reduce_sum(autograd.mul(y, Tensor(data=dy, requires_grad=False)))
+    grads = {id(p): _np(g) for p, g in autograd.backward(loss)}
+
+    def reference(x, scale, bias):  # the plain kernel, differentiated by JAX
+        y, new_mean, new_var = nn._batchnorm_kernel(x, scale, bias, rm0, rv0, training=True,
+                                                    momentum=0.9, epsilon=1e-5)
+        return jnp.sum(jax.nn.relu(y) * dy), (y, new_mean, new_var)
+
+    (_, (want_h, want_rm, want_rv)), want = jax.value_and_grad(
+        reference, argnums=(0, 1, 2), has_aux=True)(x, scale, bias)
+    np.testing.assert_allclose(_np(h), want_h, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(_np(rm), want_rm, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(_np(rv), want_rv, rtol=1e-6, atol=1e-7)
+    for p, g in zip((xt, st, bt), want):
+        np.testing.assert_allclose(grads[id(p)], g, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op, fn", [(autograd.relu, jax.nn.relu), (autograd.tanh, jnp.tanh),
+                                    (autograd.sigmoid, jax.nn.sigmoid)])
+def test_activation_pullbacks_keep_the_output_alone(rng, op, fn):
+    """relu, tanh and sigmoid keep their output as the pullback's one residual (the kernel's
+    own output, no copy); gradients equal jax.grad's (float32, CPU: 1e-6), relu's 0 at
+    ``x <= 0`` even for an infinite incoming gradient (SINGA's rule)."""
+    x = rng.normal(size=(4, 7)).astype(np.float32)
+    x[0, :3] = 0.0
+    xt = Tensor(data=x, stores_grad=True)
+    y = op(xt)
+    assert [leaf is y.array for leaf in _pullback_leaves(y)] == [True]
+    dy = rng.normal(size=x.shape).astype(np.float32)
+    (_, g), = autograd.backward(autograd.reduce_sum(autograd.mul(
+        y, Tensor(data=dy, requires_grad=False))))
+    want = jax.grad(lambda v: jnp.sum(fn(v) * dy))(x)
+    np.testing.assert_allclose(_np(g), want, rtol=1e-6, atol=1e-7)
+    if op is autograd.relu:
+        inf = np.where(x > 0, 1.0, np.inf).astype(np.float32)
+        (_, g), = autograd.backward(autograd.reduce_sum(autograd.mul(
+            op(Tensor(data=x, stores_grad=True)), Tensor(data=inf, requires_grad=False))))
+        np.testing.assert_array_equal(_np(g), (x > 0).astype(np.float32))
 
 
 def test_a_kept_input_survives_a_graph_step_that_rewrites_its_tensor(rng):

@@ -121,7 +121,7 @@ def test_another_signature_takes_the_generic_path_and_leaves_its_recipe(recipes_
     """A changed input shape (a table op's recipes are kept per input avals), an input that
     stops requiring its gradient, another mode, and a PyTorch-style tracked input: each is not
     a recipe's signature (the generic path runs, its result is right, and it leaves the recipe
-    of its own signature)."""
+    of its own signature; one per mode, so training after an evaluation finds its own)."""
     x = tensor.from_numpy(rng.standard_normal((2, 3, 5, 5)).astype(np.float32))
     w = tensor.from_numpy(rng.standard_normal((2, 3, 5, 5)).astype(np.float32))
     w.requires_grad, w.stores_grad = True, True
@@ -145,13 +145,30 @@ def test_another_signature_takes_the_generic_path_and_leaves_its_recipe(recipes_
         y = relu_of_mul(x, w)
         assert recipes_used[6] is False
         assert y.creator.src[0][0].input_needs_grad == (False, False)
+    # another mode: a signature of its own, whose recipe is kept beside the training one's
+    odd = tensor.from_numpy(rng.standard_normal((3, 7, 2)).astype(np.float32))
     with training_mode(False):
-        relu_of_mul(x, w)
-        assert recipes_used[-2:] == [False, False]
+        n = len(recipes_used)
+        relu_of_mul(odd, odd)  # (a shape no other test uses: no recipe yet)
+        assert recipes_used[n:] == []
+        np.testing.assert_array_equal(tensor.to_numpy(relu_of_mul(odd, odd)),
+                                      np.maximum(tensor.to_numpy(odd) ** 2, 0))
+        assert recipes_used[n:] == [True, True]
+    with training_mode(True):
+        n = len(recipes_used)
+        relu_of_mul(odd, odd)  # the training call's first: generic
+        assert recipes_used[n:] == []
+        relu_of_mul(odd, odd)
+    with training_mode(False):
+        y = relu_of_mul(odd, odd)
+        assert recipes_used[n:] == [True, True, True, True]  # each mode found its own
+        assert not y.creator.keeps_backward_state()
     t = tensor.tensor(rng.standard_normal((2, 3, 5, 5)).astype(np.float32), requires_grad=True)
     with training_mode(False):
+        relu_of_mul(x, x)  # (leaves the recipes of these avals in this mode)
+        n = len(recipes_used)
         y = autograd.relu(autograd.mul(t, t))
-    assert recipes_used[-2:] == [False, False] and y.tracked
+    assert recipes_used[n:] == [False, False] and y.tracked
     autograd.reduce_sum(y).backward()
     a = tensor.to_numpy(t)
     np.testing.assert_allclose(tensor.to_numpy(t.grad), np.where(a * a > 0, 2 * a, 0),

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 
 from ..tensor import Tensor, to_dtype
+from . import residuals
 from .function import Function, InvalidInput, TensorArgsOp, declare
 
 __all__ = [
@@ -71,6 +72,31 @@ Tan, tan = declare("Tan", "tan", ("x",), jnp.tan, "y = tan(x).")
 Atan, atan = declare("Atan", "atan", ("x",), jnp.arctan, "y = arctan(x).")
 Atanh, atanh = declare("Atanh", "atanh", ("x",), jnp.arctanh, "y = arctanh(x).")
 Sigmoid, sigmoid = declare("Sigmoid", "sigmoid", ("x",), jax.nn.sigmoid, "y = 1 / (1 + exp(-x)).")
+
+
+def _keeping_output(fn, backward) -> None:
+    """Register for ``fn`` a lean form whose pullback keeps its output ``y`` alone -- the
+    kernel's own output, not copied (see residuals.register_lean) -- and gives ``dx =
+    backward(y, dy)``; for real floating inputs (others keep JAX's form)."""
+    lean = jax.custom_vjp(fn)
+
+    def forward(x):
+        y = fn(x)
+        return y, y
+
+    lean.defvjp(forward, lambda y, dy: (backward(y, dy),))
+
+    def form(static):
+        return lambda x: lean(x) if jnp.issubdtype(x.dtype, jnp.floating) else fn(x)
+    residuals.register_lean(fn, form)
+
+
+# JAX's own keep more: relu a mask and an array of zeros, each as large as x; tanh and sigmoid
+# a derived array (1 - y, ...) of x's size. The same formulas as JAX's derivatives (SINGA's
+# ReLU gives 0 at x <= 0, whatever dy is).
+_keeping_output(jax.nn.relu, lambda y, dy: jnp.where(y > 0, dy, jnp.zeros_like(dy)))
+_keeping_output(jnp.tanh, lambda y, dy: (dy + dy * y) * (1 - y))
+_keeping_output(jax.nn.sigmoid, lambda y, dy: dy * (y * (1 - y)))
 Abs, abs = declare("Abs", "abs", ("a",), jnp.abs, "y = |a|.")
 Exp, exp = declare("Exp", "exp", ("a",), jnp.exp, "y = exp(a).")
 Log, log = declare("Log", "log", ("x",), jnp.log, "y = ln(x).")

@@ -244,9 +244,10 @@ class _Unjoined:
 
 @kernel(static_argnums=(0, 1, 2, 3))
 def _forward_vjp_kernel(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: int, *xs):
-    """:func:`_forward_vjp`'s kernel: its pullback as :func:`.residuals.split` leaves it."""
-    return residuals.vjp(lambda *args: _split_state(fn(*args, **dict(static)), n_state),
-                         diff, xs)
+    """:func:`_forward_vjp`'s kernel: its pullback as :func:`.residuals.split` leaves it (of
+    ``fn``'s lean form where it has one: see :func:`.residuals.register_lean`)."""
+    f = residuals.lean(fn, static)
+    return residuals.vjp(lambda *args: _split_state(f(*args), n_state), diff, xs)
 
 
 @kernel

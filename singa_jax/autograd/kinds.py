@@ -15,7 +15,7 @@ directly: the operator, its graph edges, its pullback and its output Tensor are 
 generic path makes (``tests/test_kinds.py`` compares them field by field). Any other call --
 another signature, a mode changed, replay off, a trace running, an input tracked by
 PyTorch-style autograd, a kind with a PRNG key or several outputs -- takes the generic path,
-which then leaves the recipe for its own signature (one per kind and key: the last).
+which then leaves the recipe for its own signature (one per kind, key and modes: the last).
 ``SINGA_JAX_KIND_RECIPES=0`` (or :data:`ENABLED` set False) makes every call generic.
 
 On the dispatch-bound network of ``bench_eager.py`` this is most of an operator's host cost
@@ -103,7 +103,8 @@ class Recipe:
     def record(self, xs: Sequence[Tensor]) -> Optional[Tensor]:
         """The output Tensor of this kind's operator on ``xs`` -- made as the generic path
         makes it -- or None when the call's signature is not this recipe's."""
-        if len(xs) != len(self.inputs) or not replay.active() or _modes() != self.modes or \
+        # (the modes are part of the recipe's key in its holder: see kind_call)
+        if len(xs) != len(self.inputs) or not replay.active() or \
                 self.cls.fn is not self.fn:  # (the class's function replaced since)
             return None
         device = self.device
@@ -160,17 +161,21 @@ def kind_call(holder: Optional[Dict[Hashable, Any]], key: Hashable, make: Callab
     """``make()(*xs)[0]``: the output of the operator of the kind ``holder[key]`` on ``xs`` --
     recorded from the kind's recipe when the call's signature is the last call's, else by the
     generic path, which leaves the recipe of this call. ``holder`` (a handle's or the op
-    table's dict; None: the generic path only) keeps one recipe per key."""
-    if not ENABLED:
-        holder = None
-    recipe = None if holder is None else holder.get(key)
+    table's dict; None: the generic path only) keeps one recipe per key and modes (grad,
+    training, autocast)."""
+    if holder is None or not ENABLED:
+        return make()(*xs)[0]
+    # one recipe per mode too: a training loop's evaluation in between (or PyTorch-style
+    # no_grad) leaves the training call's recipe in place
+    modes = _modes()
+    key = (key, modes)
+    recipe = holder.get(key)
     if recipe is not None:
         y = recipe.record(xs)
         if y is not None:
             return y
-    if holder is None or not replay.active():
+    if not replay.active():
         return make()(*xs)[0]
-    modes = _modes()
     op = make()
     y = op(*xs)[0]
     if recipe is not None or len(holder) < _RECIPES_KEPT:

@@ -9,8 +9,8 @@ so gradients are the mathematical ones (see docs/autograd_nn.md for where SINGA'
 """
 from __future__ import annotations
 
-from functools import partial
-from typing import Any, Dict, Optional, Sequence, Tuple
+from functools import lru_cache, partial
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,7 @@ from ..tensor import Tensor
 from ..modes import is_training
 from . import conv_cpu
 from . import function as _function
+from . import residuals as _residuals
 from .function import Function, InvalidInput
 from .kinds import kind_call
 from .handles import (NO_ODD_PADDING, BatchNormHandle, ConvHandle, CudnnBatchNormHandle,  # noqa: F401
@@ -149,21 +150,85 @@ def _batchnorm_kernel(x, scale, bias, running_mean, running_var, *, training: bo
     returned too: running = (1 - momentum) * running + momentum * batch, with the UNBIASED batch
     variance (n / (n - 1)) going into running_var. Eval: the running statistics normalise.
     """
-    axes, cshape = _bn_axes(x)
     if training:
-        mean = jnp.mean(x, axis=axes)
-        var = jnp.mean(jnp.square(x - mean.reshape(cshape)), axis=axes)
-    else:
-        mean, var = running_mean, running_var
+        return _batchnorm_training(x, scale, bias, running_mean, running_var, momentum,
+                                   epsilon)[0]
+    axes, cshape = _bn_axes(x)
+    inv = lax.rsqrt(running_var + epsilon)
+    return (x - running_mean.reshape(cshape)) * (inv * scale).reshape(cshape) + \
+        bias.reshape(cshape)
+
+
+def _batchnorm_training(x, scale, bias, running_mean, running_var, momentum: float,
+                        epsilon: float):
+    """Training-mode batch norm: ``((y, new running mean, new running var), batch mean,
+    1 / sqrt(batch var + eps))``."""
+    axes, cshape = _bn_axes(x)
+    mean = jnp.mean(x, axis=axes)
+    var = jnp.mean(jnp.square(x - mean.reshape(cshape)), axis=axes)
     inv = lax.rsqrt(var + epsilon)
     y = (x - mean.reshape(cshape)) * (inv * scale).reshape(cshape) + bias.reshape(cshape)
-    if not training:
-        return y
     n = x.size // x.shape[1]
     mean, var = lax.stop_gradient(mean), lax.stop_gradient(var)
     new_mean = (1.0 - momentum) * running_mean + momentum * mean
     new_var = (1.0 - momentum) * running_var + momentum * var * (n / max(n - 1, 1))
-    return y, new_mean.astype(running_mean.dtype), new_var.astype(running_var.dtype)
+    return (y, new_mean.astype(running_mean.dtype), new_var.astype(running_var.dtype)), mean, inv
+
+
+@lru_cache(maxsize=None)
+def _lean_batchnorm_training(momentum: float, epsilon: float) -> Callable:
+    """Training-mode batch norm whose pullback keeps ``x`` and ``scale`` (the kernel's inputs:
+    not copied) and two per-channel vectors, the batch mean and 1 / sqrt(var + eps): JAX's own
+    keeps two activation-sized arrays more (``x - mean`` and its double). With ``xhat = (x -
+    mean) * inv`` over the ``n`` values of a channel::
+
+        dbias = sum(dy);  dscale = sum(dy * xhat)
+        dx = scale * inv * (dy - dbias / n - xhat * dscale / n)
+
+    The running statistics' outputs carry no gradient (their batch statistics are held fixed,
+    as in the kernel). For ``bias`` of ``scale``'s dtype (see :func:`_lean_batchnorm`)."""
+
+    @jax.custom_vjp
+    def batchnorm(x, scale, bias, running_mean, running_var):
+        return _batchnorm_training(x, scale, bias, running_mean, running_var, momentum,
+                                   epsilon)[0]
+
+    def forward(x, scale, bias, running_mean, running_var):
+        outs, mean, inv = _batchnorm_training(x, scale, bias, running_mean, running_var,
+                                              momentum, epsilon)
+        return outs, (x, scale, mean, inv)
+
+    def backward(kept, cotangents):
+        x, scale, mean, inv = kept
+        dy = cotangents[0]
+        axes, cshape = _bn_axes(x)
+        n = x.size // x.shape[1]
+        xhat = (x - mean.reshape(cshape)) * inv.reshape(cshape)
+        dbias = jnp.sum(dy, axis=axes)
+        dscale = jnp.sum(dy * xhat, axis=axes)
+        dx = (scale * inv).reshape(cshape) * (dy - (dbias / n).reshape(cshape)
+                                              - xhat * (dscale / n).reshape(cshape))
+        return (dx.astype(x.dtype), dscale.astype(scale.dtype), dbias.astype(scale.dtype),
+                None, None)
+
+    batchnorm.defvjp(forward, backward)
+    return batchnorm
+
+
+def _lean_batchnorm(static: Tuple) -> Optional[Callable]:
+    config = dict(static)
+    if not config["training"]:
+        return None  # (evaluation's pullback keeps the running statistics only)
+    lean = _lean_batchnorm_training(config["momentum"], config["epsilon"])
+
+    def batchnorm(x, scale, bias, running_mean, running_var):
+        if bias.dtype != scale.dtype:  # (the lean pullback gives dbias scale's dtype)
+            return _batchnorm_kernel(x, scale, bias, running_mean, running_var, **config)
+        return lean(x, scale, bias, running_mean, running_var)
+    return batchnorm
+
+
+_residuals.register_lean(_batchnorm_kernel, _lean_batchnorm)
 
 
 def _globalaveragepool_kernel(x, *, data_format: str):

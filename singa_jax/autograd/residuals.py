@@ -14,11 +14,11 @@ records, in the pytree's static part, where each of the others comes from; after
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 
-__all__ = ["Residuals", "split", "join", "vjp"]
+__all__ = ["Residuals", "split", "join", "vjp", "register_lean", "lean"]
 
 _INPUT, _OUTPUT = 0, 1
 
@@ -64,6 +64,33 @@ def join(residuals: Any, inputs: Sequence[Any], outputs: Any) -> Any:
     computed = iter(residuals.computed)
     return treedef.unflatten([next(computed) if w is None else sources[w[0]][w[1]]
                               for w in where])
+
+
+# an op's function -> ``form(static)``: the function of its arrays alone (``static`` bound)
+# with the same values and gradients but a hand-written pullback that keeps fewer residuals
+# than JAX's own, or None to keep ``fn`` (see register_lean)
+_LEAN: Dict[Callable, Callable[[Tuple], Optional[Callable]]] = {}
+
+
+def register_lean(fn: Callable, form: Callable[[Tuple], Optional[Callable]]) -> None:
+    """Give the op function ``fn`` a lean form for eager forward kernels: ``form(static)``
+    returns a function of the arrays (``static``'s keywords bound) computing what ``fn`` does,
+    as a ``jax.custom_vjp`` whose residuals are fewer (kernel inputs and outputs, which
+    :func:`split` does not copy, and small statistics), or None for ``fn`` itself. Only the
+    pullback an eager forward kernel keeps takes it: ``fn`` stays what a user's ``jax.jvp``
+    (forward mode, which a custom_vjp lacks) and ``jax.grad`` of :func:`Model.apply` see."""
+    _LEAN[fn] = form
+
+
+def lean(fn: Callable, static: Tuple) -> Callable:
+    """Inside a forward kernel: ``fn`` with ``static`` (``(keyword, value)`` pairs) bound, in
+    its lean form when it has one (see :func:`register_lean`)."""
+    form = _LEAN.get(fn)
+    f = None if form is None else form(static)
+    if f is not None:
+        return f
+    kwargs = dict(static)
+    return lambda *xs: fn(*xs, **kwargs)
 
 
 def vjp(f: Callable, diff: Sequence[bool], xs: Sequence[Any]) -> Tuple[Any, Any, Any]:

@@ -565,9 +565,6 @@ class Optimizer:
                                          f"param has shape {p.shape}")
             slot_tensors = [[self._get_slot(kind, key, p) for kind in kinds]
                             for key, (_, p, _) in zip(keys, triples)]
-        by_device: Dict[Device, List[int]] = {}
-        for i, (_, p, _) in enumerate(triples):
-            by_device.setdefault(p.device, []).append(i)
         schedules, hyper = self._update_hypers()
         step = self.step_counter.array
         guard = self._guarded()
@@ -585,6 +582,9 @@ class Optimizer:
         # whose hook must see every read and write
         field = "array" if current_trace_hook() is not None else "_data"
         read = operator.attrgetter(field)
+        by_device: Dict[Device, List[int]] = {}
+        for i, (_, p, _) in enumerate(triples):
+            by_device.setdefault(p.device, []).append(i)
         for dev, idx in by_device.items():
             # with params on several devices, each device's kernel decides (and counts) alone
             h, s, c = hyper, step, checked
