@@ -433,6 +433,48 @@ def test_update_rejects_mismatched_grad_before_any_change():
     np.testing.assert_array_equal(np.asarray(p.array), 1.0)
 
 
+def test_a_remembered_update_layout_skips_its_checks_only_while_nothing_changed(monkeypatch):
+    """An update of the same params, names, avals and devices as the last checked one takes its
+    slots without the checks (optimizers._UpdateLayout); a changed grad shape, a replaced slot
+    or a slot holding another shape is checked again -- the error raised before any change --
+    and the values are SGD's with momentum (float32, exact arithmetic in these numbers)."""
+    checked = []
+    validated = opt.Optimizer._validated_slots
+
+    def counting(self, triples, kinds):
+        checked.append(len(triples))
+        return validated(self, triples, kinds)
+
+    monkeypatch.setattr(opt.Optimizer, "_validated_slots", counting)
+    p1 = Tensor(data=np.ones((2, 2), np.float32), stores_grad=True, name="W")
+    p2 = Tensor(data=np.ones(3, np.float32), stores_grad=True, name="b")
+    g1, g2 = Tensor(data=np.full((2, 2), 1.0, np.float32)), Tensor(data=np.full(3, 2.0, np.float32))
+    o = opt.SGD(lr=0.5, momentum=0.5)
+    for _ in range(4):
+        o._update_pairs([("W", p1, g1), ("b", p2, g2)])
+    assert checked == [2]  # the first makes the slots; the rest are remembered
+    # momentum buffers g, 1.5g, 1.75g, 1.875g: p = 1 - 0.5 * 6.125 g
+    np.testing.assert_array_equal(np.asarray(p1.array), 1 - 0.5 * 6.125 * 1.0)
+    np.testing.assert_array_equal(np.asarray(p2.array), 1 - 0.5 * 6.125 * 2.0)
+    before = [np.asarray(t.array) for t in (p1, p2, o.moments["W"], o.moments["b"])]
+    with pytest.raises(ValueError, match=r"shape mismatch for param 'b'"):
+        o._update_pairs([("W", p1, g1), ("b", p2, Tensor(data=np.ones(4, np.float32)))])
+    o.moments["b"].array = np.zeros((5,), np.float32)  # a slot rebound to another shape
+    with pytest.raises(ValueError, match=r"slot 'moments' of param 'b'.*\(5,\)"):
+        o._update_pairs([("W", p1, g1), ("b", p2, g2)])
+    for t, v in zip((p1, p2, o.moments["W"]), before):
+        np.testing.assert_array_equal(np.asarray(t.array), v)
+    o.moments["b"].array = np.zeros(3, np.float32)
+    o.set_states({"moments/W": np.zeros((2, 2), np.float32)})  # loaded state: checked again
+    n = len(checked)
+    o._update_pairs([("W", p1, g1), ("b", p2, g2)])
+    assert len(checked) == n + 1
+    np.testing.assert_array_equal(np.asarray(o.moments["W"].array), 1.0)
+    np.testing.assert_array_equal(np.asarray(o.moments["b"].array), 2.0)
+    o._update_pairs([("W", p1, g1), ("b", p2, g2)])
+    assert len(checked) == n + 1  # remembered again
+
+
 def test_low_precision_params_keep_their_dtype():
     """A float16 param and its slot stay float16; the arithmetic runs in float32."""
     p = Tensor(data=np.array([1.0, -2.0, 0.5], np.float16), stores_grad=True, name="h")

@@ -82,6 +82,59 @@ def _param_name(p: Tensor) -> Any:
     return p.name if p.name is not None else id(p)
 
 
+_param_of, _grad_of, _name_of = (operator.itemgetter(i) for i in (1, 2, 0))
+_aval_of = operator.attrgetter("_data.aval")
+_device_of = operator.attrgetter("device")
+
+
+class _UpdateLayout:
+    """What an update's checks and slot lookup depend on, read in C-level passes over its
+    ``(name, param, grad)`` triples: the params (by identity), their names, avals and devices,
+    the grads' avals (the params' own: the usual pairs), the slot kinds and the optimizer's
+    states version. An update whose layout equals the last checked one's takes that one's slot
+    Tensors with its checks skipped, since nothing they read has changed -- a param's or
+    grad's shape or dtype, a name, a device, a slot made or replaced (the version), or a slot
+    holding an array of another aval or device (:meth:`Optimizer._remembered_slots` reads those
+    each time): an eager loop's every update after its first. Only for a class that keeps
+    Optimizer's own checks and slots."""
+
+    __slots__ = ("key", "params", "slot_tensors", "flat_slots", "slot_avals", "slot_devices")
+
+    @classmethod
+    def of(cls, optimizer: "Optimizer", triples: Sequence[Tuple[Any, Tensor, Tensor]],
+           kinds: Sequence[str]) -> Optional["_UpdateLayout"]:
+        """The layout of an update of ``triples``, or None where it is not remembered (pairs
+        that are not two Tensors of one aval, a class with checks or slots of its own)."""
+        kind = type(optimizer)
+        if kind._check_pair is not Optimizer._check_pair or \
+                kind._get_slot is not Optimizer._get_slot or \
+                kind._slot_key is not Optimizer._slot_key:
+            return None
+        params, grads = list(map(_param_of, triples)), list(map(_grad_of, triples))
+        types = set(map(type, params))
+        types.update(map(type, grads))
+        if types != {Tensor}:
+            return None
+        avals = list(map(_aval_of, params))
+        if list(map(_aval_of, grads)) != avals:
+            return None
+        layout = object.__new__(cls)
+        layout.key = (list(map(id, params)), list(map(_name_of, triples)), avals,
+                      list(map(_device_of, params)), tuple(kinds), optimizer.states_version)
+        layout.params = params  # (held, so that their ids stay theirs)
+        return layout
+
+    def remember(self, optimizer: "Optimizer", slot_tensors: List[List[Tensor]]) -> None:
+        """Keep this layout, checked, with its slot Tensors as ``optimizer``'s last."""
+        self.key = self.key[:-1] + (optimizer.states_version,)  # (after slots were made)
+        self.slot_tensors = slot_tensors
+        self.flat_slots = [t for slots in slot_tensors for t in slots]
+        self.slot_avals = list(map(_aval_of, self.flat_slots))
+        self.slot_devices = list(map(_device_of, self.flat_slots))
+        # (not an attribute assignment, which would bump the states version)
+        optimizer.__dict__["_update_layout"] = self
+
+
 class Optimizer:
     """Base optimizer (SINGA's): a learning rate schedule, a step counter and per-param slots.
 
@@ -544,27 +597,13 @@ class Optimizer:
         if recording is None:
             replay.flush()  # the arrays are read directly below: nothing may be pending
         self._warn_skipped_steps()
-        own_check = type(self)._check_pair is not Optimizer._check_pair
-        for name, p, g in triples:  # validate everything before any state changes
-            if type(p) is Tensor and type(g) is Tensor and not own_check:  # the usual pair
-                pa, ga = p._data, g._data
-                if pa.shape == ga.shape and is_inexact(pa.dtype) and is_inexact(ga.dtype):
-                    continue
-            self._check_pair(name, p, g)
         kinds = self._active_slot_kinds()
-        slot_key = self._slot_key
-        keys = [slot_key(name, p) for name, p, _ in triples]
-        slot_tensors = self._existing_slots(kinds, keys, triples)
-        if slot_tensors is None:  # a slot to make, move or report: one at a time
-            for key, (name, p, _) in zip(keys, triples):
-                for kind in kinds:
-                    s = self._slot_dict(kind).get(key)
-                    if s is not None and s._data.shape != p._data.shape:
-                        raise ValueError(f"{type(self).__name__}: slot {kind!r} of param "
-                                         f"{name!r} (key {key!r}) has shape {s.shape} but the "
-                                         f"param has shape {p.shape}")
-            slot_tensors = [[self._get_slot(kind, key, p) for kind in kinds]
-                            for key, (_, p, _) in zip(keys, triples)]
+        layout = _UpdateLayout.of(self, triples, kinds)
+        slot_tensors = self._remembered_slots(layout)
+        if slot_tensors is None:
+            slot_tensors = self._validated_slots(triples, kinds)
+            if layout is not None:
+                layout.remember(self, slot_tensors)
         schedules, hyper = self._update_hypers()
         step = self.step_counter.array
         guard = self._guarded()
@@ -724,6 +763,44 @@ class Optimizer:
         made = [] if self.__dict__.get("_lazy_state") else self._value_tensors()
         skip = self.__dict__.get("_skip_state")
         return made + ([skip] if skip is not None else [])
+
+    def _validated_slots(self, triples: Sequence[Tuple[Any, Tensor, Tensor]],
+                         kinds: Sequence[str]) -> List[List[Tensor]]:
+        """Check every ``(name, param, grad)`` -- all before any state changes -- and return
+        each param's slot Tensors of ``kinds`` (made, moved or reported where needed)."""
+        own_check = type(self)._check_pair is not Optimizer._check_pair
+        for name, p, g in triples:
+            if type(p) is Tensor and type(g) is Tensor and not own_check:  # the usual pair
+                pa, ga = p._data, g._data
+                if pa.shape == ga.shape and is_inexact(pa.dtype) and is_inexact(ga.dtype):
+                    continue
+            self._check_pair(name, p, g)
+        slot_key = self._slot_key
+        keys = [slot_key(name, p) for name, p, _ in triples]
+        slot_tensors = self._existing_slots(kinds, keys, triples)
+        if slot_tensors is None:  # a slot to make, move or report: one at a time
+            for key, (name, p, _) in zip(keys, triples):
+                for kind in kinds:
+                    s = self._slot_dict(kind).get(key)
+                    if s is not None and s._data.shape != p._data.shape:
+                        raise ValueError(f"{type(self).__name__}: slot {kind!r} of param "
+                                         f"{name!r} (key {key!r}) has shape {s.shape} but the "
+                                         f"param has shape {p.shape}")
+            slot_tensors = [[self._get_slot(kind, key, p) for kind in kinds]
+                            for key, (_, p, _) in zip(keys, triples)]
+        return slot_tensors
+
+    def _remembered_slots(self, layout: Optional["_UpdateLayout"]
+                          ) -> Optional[List[List[Tensor]]]:
+        """The slot Tensors of the last update validated with ``layout`` when this one has it
+        too and its slots still hold arrays of the same avals on the same devices (see
+        :class:`_UpdateLayout`), else None."""
+        last = self.__dict__.get("_update_layout")
+        if layout is None or last is None or last.key != layout.key or \
+                list(map(_aval_of, last.flat_slots)) != last.slot_avals or \
+                list(map(_device_of, last.flat_slots)) != last.slot_devices:
+            return None
+        return last.slot_tensors
 
     def _existing_slots(self, kinds: Sequence[str], keys: Sequence[str],
                         triples: Sequence[Tuple[Any, Tensor, Tensor]]
