@@ -650,16 +650,21 @@ class _Shape:
             src = op.src
             extend((pull, spec, gives, len(src)))
             for src_op, x_id, _, stores_grad in src:
-                n = numbers.get(src_op)
-                if n is None:
-                    n = numbers[src_op] = len(numbers)
-                    leaf = isinstance(src_op, Dummy)
-                    walks = not leaf and _walks_into(src_op, tracked)
-                    if walks:
-                        ops.append(src_op)
-                    extend((walks, leaf))
                 ids = src_op.y_id2idx
-                extend((n, ids.get(x_id, -1), len(ids), stores_grad))
+                n = numbers.get(src_op)
+                if n is None:  # a node met first: whether it is a leaf or walked into, too
+                    n = numbers[src_op] = len(numbers)
+                    if isinstance(src_op, Dummy):
+                        extend((False, True, n, ids.get(x_id, -1), len(ids), stores_grad))
+                    else:
+                        # (_walks_into's test, its first half inline: most nodes are ops)
+                        walks = src_op.requires_grad and (not tracked or
+                                                          _walks_into(src_op, True))
+                        if walks:
+                            ops.append(src_op)
+                        extend((walks, False, n, ids.get(x_id, -1), len(ids), stores_grad))
+                else:
+                    extend((n, ids.get(x_id, -1), len(ids), stores_grad))
                 if wanted:
                     add((src_op, x_id) in wanted)
         shape = object.__new__(cls)
