@@ -366,6 +366,21 @@ def test_activation_pullbacks_keep_the_output_alone(rng, op, fn):
         np.testing.assert_array_equal(_np(g), (x > 0).astype(np.float32))
 
 
+def test_dropout_pullback_keeps_its_mask_alone(rng):
+    """Dropout's eager pullback keeps its boolean mask only (JAX's own keeps a float array of
+    x's size too); the gradient is dy / (1 - ratio) where kept, else 0 (float32, CPU: 1e-6)."""
+    x = Tensor(data=rng.normal(size=(6, 9)).astype(np.float32), stores_grad=True)
+    y = autograd.dropout(x, 0, 0.3)
+    assert [(k.shape, k.dtype) for k in _pullback_leaves(y)] == [((6, 9), np.dtype(bool))]
+    dy = rng.normal(size=(6, 9)).astype(np.float32)
+    (_, g), = autograd.backward(autograd.reduce_sum(autograd.mul(
+        y, Tensor(data=dy, requires_grad=False))))
+    keep = _np(y) != 0
+    assert 0 < keep.sum() < keep.size
+    np.testing.assert_allclose(_np(y)[keep], _np(x)[keep] / 0.7, rtol=1e-6)
+    np.testing.assert_allclose(_np(g), np.where(keep, dy / 0.7, 0), rtol=1e-6, atol=1e-7)
+
+
 def test_a_kept_input_survives_a_graph_step_that_rewrites_its_tensor(rng):
     """An eager forward's pullback holds a parameter's array itself (no copy). A compiled step
     run before that backward donates the parameter's buffer to XLA, unless something else holds

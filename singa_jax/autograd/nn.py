@@ -240,8 +240,35 @@ def _globalaveragepool_kernel(x, *, data_format: str):
 
 def _dropout_kernel(x, key, *, ratio: float):
     """y = x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio) drawn from ``key``."""
+    return _dropout_with_mask(x, key, ratio)[0]
+
+
+def _dropout_with_mask(x, key, ratio: float):
     keep = jax.random.bernoulli(key, 1.0 - ratio, x.shape)
+    return _kept(keep, x, ratio), keep
+
+
+def _kept(keep, x, ratio: float):
     return jnp.where(keep, x / (1.0 - ratio), jnp.zeros((), x.dtype)).astype(x.dtype)
+
+
+@lru_cache(maxsize=None)
+def _lean_dropout(ratio: float) -> Callable:
+    """Dropout whose pullback keeps its boolean mask alone (``dx = dy / (1 - ratio)`` where
+    kept, else 0); JAX's own keeps a float array of the input's size too."""
+
+    @jax.custom_vjp
+    def dropout(x, key):
+        return _dropout_with_mask(x, key, ratio)[0]
+
+    def backward(keep, dy):
+        return _kept(keep, dy, ratio), None
+
+    dropout.defvjp(lambda x, key: _dropout_with_mask(x, key, ratio), backward)
+    return dropout
+
+
+_residuals.register_lean(_dropout_kernel, lambda static: _lean_dropout(dict(static)["ratio"]))
 
 
 def _embedding_kernel(x, w):
