@@ -89,6 +89,47 @@ def test_a_recipe_makes_the_operator_the_generic_path_makes(recipes_used, monkey
         assert not np.array_equal(generic_stats[0], stats[0])  # (the statistics were written)
 
 
+def _pullback_sources(y: Tensor, inputs: List[Any]) -> List[Any]:
+    """Each leaf of ``y``'s creator's pullback as a walk recorded into its segment takes it:
+    ``"output"`` (y's own value), the index of the call's input it is, or a computed residual
+    (its aval, and whether it is pending)."""
+    leaves, _ = y.creator._pullback_leaves(pending=True)
+    sources = []
+    for leaf in leaves:
+        i = next((i for i, a in enumerate(inputs) if leaf is a), None)
+        sources.append("output" if leaf is y._data else i if i is not None else
+                       (leaf.aval, type(leaf) is replay.Deferred))
+    return sources
+
+
+def test_a_recorded_call_holds_its_pullback_as_the_walks_leaves(recipes_used, monkeypatch, rng):
+    """Recorded by eager replay, an operator made from its recipe holds its pullback as the
+    leaves a fused walk takes, gathered at the call by its kind's layout positions; the generic
+    path's are gathered when the walk asks. Both are the same: the call's own inputs and output
+    (no copies), and pending computed residuals of the same avals."""
+    monkeypatch.setattr(replay, "MIN_RECORDS", 1)
+    x = tensor.from_numpy(rng.standard_normal((2, 3, 5, 5)).astype(np.float32))
+    conv, bn = layer.Conv2d(3, 4, 3, padding=1), layer.BatchNorm2d(4)
+    results = []
+    with training_mode(True):
+        _conv_bn_relu(x, conv, bn)  # the recipes; a sequence this long is recorded from now
+        replay.flush()
+        for enabled in (True, False):
+            monkeypatch.setattr(kinds, "ENABLED", enabled)
+            h, b, r = _conv_bn_relu(x, conv, bn)
+            assert type(r._data) is replay.Deferred  # (recorded)
+            results.append([_pullback_sources(h, [x._data, conv.W._data, conv.b._data]),
+                            _pullback_sources(b, [h._data, bn.scale._data, bn.bias._data]),
+                            _pullback_sources(r, [b._data])])
+            if enabled:
+                assert recipes_used[-3:] == [True, True, True]
+        replay.flush()
+    made, generic = results
+    assert made == generic
+    assert sorted(made[0]) == [0, 1] and made[2] == ["output"]  # conv: x and W; relu: y
+    assert sorted(made[1][:2]) == [0, 1] and len(made[1]) == 4  # bn: x, scale, 2 vectors
+
+
 def test_gradients_through_recipe_made_operators_equal_the_generic_path(
         recipes_used, monkeypatch, training_mode, rng):
     """The fused walk and a SINGA-style direct backward (``op.backward(dy.data)``, which asks
