@@ -97,6 +97,8 @@ def _keeping_output(fn, backward) -> None:
 _keeping_output(jax.nn.relu, lambda y, dy: jnp.where(y > 0, dy, jnp.zeros_like(dy)))
 _keeping_output(jnp.tanh, lambda y, dy: (dy + dy * y) * (1 - y))
 _keeping_output(jax.nn.sigmoid, lambda y, dy: dy * (y * (1 - y)))
+
+
 Abs, abs = declare("Abs", "abs", ("a",), jnp.abs, "y = |a|.")
 Exp, exp = declare("Exp", "exp", ("a",), jnp.exp, "y = exp(a).")
 Log, log = declare("Log", "log", ("x",), jnp.log, "y = ln(x).")

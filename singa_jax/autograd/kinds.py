@@ -157,7 +157,6 @@ class Recipe:
         state["y_id2idx"] = {id(y): 0}
         return y
 
-
     def leaves_of(self, pullback: Residuals, args: Tuple, y: Any) -> list:
         """The leaves of the (joined) pullback of a call with inputs ``args`` and the single
         output ``y``: ``_Unjoined.flat``'s, gathered by positions kept per layout."""

@@ -245,10 +245,11 @@ def _dropout_kernel(x, key, *, ratio: float):
 
 def _dropout_with_mask(x, key, ratio: float):
     keep = jax.random.bernoulli(key, 1.0 - ratio, x.shape)
-    return _kept(keep, x, ratio), keep
+    return _where_kept(keep, x, ratio), keep
 
 
-def _kept(keep, x, ratio: float):
+def _where_kept(keep, x, ratio: float):
+    """``x / (1 - ratio)`` where ``keep``, else 0."""
     return jnp.where(keep, x / (1.0 - ratio), jnp.zeros((), x.dtype)).astype(x.dtype)
 
 
@@ -262,7 +263,7 @@ def _lean_dropout(ratio: float) -> Callable:
         return _dropout_with_mask(x, key, ratio)[0]
 
     def backward(keep, dy):
-        return _kept(keep, dy, ratio), None
+        return _where_kept(keep, dy, ratio), None
 
     dropout.defvjp(lambda x, key: _dropout_with_mask(x, key, ratio), backward)
     return dropout
