@@ -279,11 +279,12 @@ class Model(Layer, metaclass=ModelMeta):
         else:  # other calls compute on the rank's device: state on the mesh is brought there
             bring_state_home(self, declared, self.training)
         if not graph:
+            arrays = [t._data for t in declared]  # (the transaction's too: read once)
             # (a recurring step's program may start on them before its recording ends)
             replay.call_arguments([a._data for a in (*args, *kwargs.values())
-                                   if isinstance(a, Tensor)] + [t._data for t in declared])
+                                   if isinstance(a, Tensor)] + arrays)
             try:
-                with self._transaction(declared, optimizers, arrays=True):
+                with self._transaction(declared, optimizers, arrays=arrays):
                     result = fn(*args, **kwargs)
             finally:
                 replay.call_arguments(())
@@ -359,10 +360,11 @@ class Model(Layer, metaclass=ModelMeta):
         return made
 
     @contextlib.contextmanager
-    def _transaction(self, declared: Sequence[Tensor], optimizers: List[Any], arrays: bool
+    def _transaction(self, declared: Sequence[Tensor], optimizers: List[Any], arrays: Any
                      ) -> Iterator[None]:
         """The block in this model's training mode, undone if it raises (``arrays=False`` in
-        graph mode, whose failed trace restores the state arrays itself)."""
+        graph mode, whose failed trace restores the state arrays itself; eagerly, the arrays
+        ``declared`` holds)."""
         undo = StepTransaction(declared, _with_wrapped(optimizers), self._uninitialised_layers(),
                                arrays=arrays)
         with modes.training_mode(self.training), undo:

@@ -28,15 +28,19 @@ __all__ = ["StepTransaction"]
 
 class StepTransaction:
     """``with StepTransaction(state, optimizers, uninitialised_layers, arrays): step()``;
-    ``arrays=False`` (graph mode) remembers no arrays: neither ``state``'s nor the keys."""
+    ``arrays=False`` (graph mode) remembers no arrays: neither ``state``'s nor the keys.
+    ``arrays`` may also be the arrays ``state``'s Tensors hold, read by the caller already."""
 
-    __slots__ = ("_arrays", "_keys", "_optimizers", "_layers")
+    __slots__ = ("_state", "_arrays", "_keys", "_optimizers", "_layers")
 
     def __init__(self, state: Sequence[Any], optimizers: Sequence[Any],
-                 uninitialised_layers: Sequence[Any], arrays: bool = True):
-        self._arrays = [(t, t._data) for t in state] if arrays else []
-        self._keys = [(d, d.key) for d in device_mod.all_devices()] if arrays else []
-        self._optimizers = [_remember(o, arrays) for o in optimizers]
+                 uninitialised_layers: Sequence[Any], arrays: Any = True):
+        remember = arrays is not False
+        if arrays is True:
+            arrays = [t._data for t in state]
+        self._state, self._arrays = (state, arrays) if remember else ((), ())
+        self._keys = [(d, d.key) for d in device_mod.all_devices()] if remember else []
+        self._optimizers = [_remember(o, remember) for o in optimizers]
         self._layers = uninitialised_layers
 
     def __enter__(self) -> "StepTransaction":
@@ -48,7 +52,7 @@ class StepTransaction:
         return False  # the error propagates
 
     def rollback(self) -> None:
-        for t, array in self._arrays:
+        for t, array in zip(self._state, self._arrays):
             t._data = array  # the value before the call (no hook: this is no traced step)
         for d, key in self._keys:
             d.key = key
