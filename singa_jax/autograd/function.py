@@ -234,12 +234,10 @@ class _Unjoined:
         if type(pullback) is not residuals.Residuals:
             leaves, treedef = jax.tree_util.tree_flatten(pullback)
             return (leaves if pending else replay.resolve_all(leaves)), treedef
-        treedef, where = pullback.layout
         outputs = self.outputs
-        sources = (self.inputs, outputs if isinstance(outputs, tuple) else (outputs,))
-        computed = iter(pullback.computed)
-        leaves = [next(computed) if w is None else sources[w[0]][w[1]] for w in where]
-        return (leaves if pending else replay.resolve_all(leaves)), treedef
+        leaves = residuals.leaves(pullback, self.inputs,
+                                  outputs if isinstance(outputs, tuple) else (outputs,))
+        return (leaves if pending else replay.resolve_all(leaves)), pullback.layout[0]
 
 
 @kernel(static_argnums=(0, 1, 2, 3))

@@ -30,12 +30,13 @@ from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 from .. import replay
 from ..creator import Dummy
 from ..modes import autocast_dtype, is_grad_enabled, is_training
+from ..replay import Deferred
 from ..tensor import Tensor
 from . import engine
-from ..replay import Deferred
 from .function import (_FLAT, Function, NonDifferentiable, _forward, _forward_vjp_kernel,
                        _interned, _op_error, _split_state, _kept_pullback, _store_writes)
-from .residuals import _INPUT, Residuals
+from . import residuals
+from .residuals import Residuals
 
 __all__ = ["Recipe", "kind_call", "recorded_by_kind", "ENABLED"]
 
@@ -62,7 +63,7 @@ class Recipe:
     backward needs when the call skipped inputs."""
 
     __slots__ = ("cls", "fn", "prefix", "attrs", "modes", "inputs", "device", "statics",
-                 "keeps", "every", "requires_grad", "stateful", "gather")
+                 "keeps", "every", "requires_grad", "stateful")
 
     @classmethod
     def learn(cls, op: Function, xs: Sequence[Tensor], modes: Tuple) -> Optional["Recipe"]:
@@ -88,7 +89,6 @@ class Recipe:
         recipe.inputs, recipe.device = tuple(inputs), device
         recipe.requires_grad = op.requires_grad
         recipe.stateful = op._declares_state
-        recipe.gather = None
         fn = state.get("_fn", kind.fn)
         n_args = len(xs) + (len(op.reads()) if op._declares_state else 0)
         recipe.keeps = state.get("_pullback") is not None
@@ -137,10 +137,11 @@ class Recipe:
                 ys, pullback, new_state = replay.run(_forward_vjp_kernel, self.statics, args,
                                                      device)
                 if type(ys) is Deferred and type(pullback) is Residuals:  # recorded
-                    # the pullback as the leaves a fused walk takes, gathered now (the layout's
-                    # positions are the kind's): the walk reads them as they are
+                    # the pullback as the leaves a fused walk takes, gathered now: the walk
+                    # reads them as they are
                     state["_pullback"] = _FLAT
-                    state["_flat"] = (self.leaves_of(pullback, args, ys), pullback.layout[0])
+                    state["_flat"] = (residuals.leaves(pullback, args, (ys,)),
+                                      pullback.layout[0])
                 else:
                     state["_pullback"] = _kept_pullback(pullback, args, ys, device)
                     state["_flat"] = None
@@ -156,28 +157,6 @@ class Recipe:
         y = op._output(ys, 0, device, self.requires_grad, True)  # (the engine's, as generic)
         state["y_id2idx"] = {id(y): 0}
         return y
-
-    def leaves_of(self, pullback: Residuals, args: Tuple, y: Any) -> list:
-        """The leaves of the (joined) pullback of a call with inputs ``args`` and the single
-        output ``y``: ``_Unjoined.flat``'s, gathered by positions kept per layout."""
-        where = pullback.layout[1]
-        gather = self.gather
-        if gather is None or gather[0] is not where:
-            gather = self.gather = (where, _gather_positions(where, len(args)))
-        return list(map((*args, y, *pullback.computed).__getitem__, gather[1]))
-
-
-def _gather_positions(where: Tuple, n_inputs: int) -> Tuple[int, ...]:
-    """Where each leaf of a pullback of layout ``where`` (see :mod:`.residuals`) sits in
-    ``(*inputs, output, *computed)``."""
-    positions, computed = [], n_inputs + 1
-    for w in where:
-        if w is None:
-            positions.append(computed)
-            computed += 1
-        else:
-            positions.append(w[1] if w[0] == _INPUT else n_inputs + w[1])
-    return tuple(positions)
 
 
 def recorded_by_kind(cls: type) -> bool:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 
-__all__ = ["Residuals", "split", "join", "vjp", "register_lean", "lean"]
+__all__ = ["Residuals", "split", "join", "leaves", "vjp", "register_lean", "lean"]
 
 _INPUT, _OUTPUT = 0, 1
 
@@ -59,11 +59,37 @@ def join(residuals: Any, inputs: Sequence[Any], outputs: Any) -> Any:
     of ``outputs`` (what the kernel was called with and returned) back in their places."""
     if type(residuals) is not Residuals:
         return residuals
-    treedef, where = residuals.layout
-    sources = (inputs, jax.tree_util.tree_leaves(outputs))
-    computed = iter(residuals.computed)
-    return treedef.unflatten([next(computed) if w is None else sources[w[0]][w[1]]
-                              for w in where])
+    return residuals.layout[0].unflatten(
+        leaves(residuals, inputs, jax.tree_util.tree_leaves(outputs)))
+
+
+def leaves(residuals: Residuals, inputs: Sequence[Any], outputs: Sequence[Any]) -> list:
+    """The leaves of the joined pullback, without building it: each computed residual, or the
+    input or output (a leaf of the kernel's ``outputs``) it is."""
+    where = residuals.layout[1]
+    sizes = (len(inputs), len(outputs))
+    known = _POSITIONS.get(id(where))
+    if known is None or known[0] is not where or known[1] != sizes:
+        known = _POSITIONS[id(where)] = (where, sizes, _positions(where, *sizes))
+    return list(map((*inputs, *outputs, *residuals.computed).__getitem__, known[2]))
+
+
+# a layout's ``where`` (by id: a kernel's layouts live as long as its cached output treedef,
+# and each entry keeps its own, checked to be it) -> (where, (inputs, outputs), positions)
+_POSITIONS: Dict[int, Tuple[Tuple, Tuple[int, int], Tuple[int, ...]]] = {}
+
+
+def _positions(where: Tuple, n_inputs: int, n_outputs: int) -> Tuple[int, ...]:
+    """Where each leaf of a pullback of layout ``where`` sits in ``(*inputs, *outputs,
+    *computed)``."""
+    positions, computed = [], n_inputs + n_outputs
+    for w in where:
+        if w is None:
+            positions.append(computed)
+            computed += 1
+        else:
+            positions.append(w[1] if w[0] == _INPUT else n_inputs + w[1])
+    return tuple(positions)
 
 
 # an op's function -> ``form(static)``: the function of its arrays alone (``static`` bound)

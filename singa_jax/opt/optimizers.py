@@ -768,27 +768,18 @@ class Optimizer:
                          kinds: Sequence[str]) -> List[List[Tensor]]:
         """Check every ``(name, param, grad)`` -- all before any state changes -- and return
         each param's slot Tensors of ``kinds`` (made, moved or reported where needed)."""
-        own_check = type(self)._check_pair is not Optimizer._check_pair
         for name, p, g in triples:
-            if type(p) is Tensor and type(g) is Tensor and not own_check:  # the usual pair
-                pa, ga = p._data, g._data
-                if pa.shape == ga.shape and is_inexact(pa.dtype) and is_inexact(ga.dtype):
-                    continue
             self._check_pair(name, p, g)
-        slot_key = self._slot_key
-        keys = [slot_key(name, p) for name, p, _ in triples]
-        slot_tensors = self._existing_slots(kinds, keys, triples)
-        if slot_tensors is None:  # a slot to make, move or report: one at a time
-            for key, (name, p, _) in zip(keys, triples):
-                for kind in kinds:
-                    s = self._slot_dict(kind).get(key)
-                    if s is not None and s._data.shape != p._data.shape:
-                        raise ValueError(f"{type(self).__name__}: slot {kind!r} of param "
-                                         f"{name!r} (key {key!r}) has shape {s.shape} but the "
-                                         f"param has shape {p.shape}")
-            slot_tensors = [[self._get_slot(kind, key, p) for kind in kinds]
-                            for key, (_, p, _) in zip(keys, triples)]
-        return slot_tensors
+        keys = [self._slot_key(name, p) for name, p, _ in triples]
+        for key, (name, p, _) in zip(keys, triples):
+            for kind in kinds:
+                s = self._slot_dict(kind).get(key)
+                if s is not None and s._data.shape != p._data.shape:
+                    raise ValueError(f"{type(self).__name__}: slot {kind!r} of param {name!r} "
+                                     f"(key {key!r}) has shape {s.shape} but the param has "
+                                     f"shape {p.shape}")
+        return [[self._get_slot(kind, key, p) for kind in kinds]
+                for key, (_, p, _) in zip(keys, triples)]
 
     def _remembered_slots(self, layout: Optional["_UpdateLayout"]
                           ) -> Optional[List[List[Tensor]]]:
@@ -801,25 +792,6 @@ class Optimizer:
                 list(map(_device_of, last.flat_slots)) != last.slot_devices:
             return None
         return last.slot_tensors
-
-    def _existing_slots(self, kinds: Sequence[str], keys: Sequence[str],
-                        triples: Sequence[Tuple[Any, Tensor, Tensor]]
-                        ) -> Optional[List[List[Tensor]]]:
-        """Per param, its slot Tensors -- when every one exists already, on its param's device
-        and of its shape (an eager loop's every step after the first: one pass, nothing
-        changed) -- else None (:meth:`_get_slot` makes, moves or reports them)."""
-        if type(self)._get_slot is not Optimizer._get_slot:
-            return None
-        dicts = [self._slot_dict(kind) for kind in kinds]
-        slots = []
-        for key, (_, p, _) in zip(keys, triples):
-            mine = [d.get(key) for d in dicts]
-            dev, shape = p.device, p._data.shape
-            for s in mine:
-                if s is None or s.device is not dev or s._data.shape != shape:
-                    return None
-            slots.append(mine)
-        return slots
 
     def _get_slot(self, kind: str, key: str, p: Tensor) -> Tensor:
         d = self._slot_dict(kind)
