@@ -39,7 +39,7 @@ sets PyTorch's intra-op threads (default: PyTorch's own choice). Usage::
 runs each piece while the host records the next. ``--split`` prints each training step's
 time until its call returns (the host's recording, and on an accelerator the program's
 dispatch: the device is then running it) and then waiting for its results.
-``--no-speculation`` adds eager variants with replay's speculation off (``replay.SPECULATE``: a
+``--no-speculation`` adds eager variants with replay's speculation off (``autograd.replay_speculation(False)``: a
 recurring step's program then starts only once its recording ended).
 """
 from __future__ import annotations
@@ -259,7 +259,7 @@ def bench(net_kind: str, batch: int, depth: int, steps: int, rounds: int,
 
     def unspeculated(fn: Callable[[], None]) -> Callable[[], None]:
         """``fn`` with replay's speculation off (each program dispatched at its flush)."""
-        return mock.patch.object(replay, "SPECULATE", False)(fn)
+        return autograd.replay_speculation(False)(fn)
 
     if no_speculation:
         variants["eager train unspec"] = unspeculated(trainer(eager, "eager"))

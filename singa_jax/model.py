@@ -41,6 +41,7 @@ from . import autograd, checkpoint, checks, modes, opt, replay
 from . import device as device_mod
 from .autograd.mixed_precision import compute_dtype
 from .graph import NOT_CACHED, GraphModeError, GraphRunner, ProgramNotKept, tensors_in
+from .graph_tiers import tiered_compilation
 from .layer.base import Layer, LayerMeta, concrete_initialization
 from .opt import state_ahead
 from .opt.dist import spmd_of
@@ -48,7 +49,7 @@ from .opt.spmd import bring_state_home, state_entered_mesh
 from .transaction import StepTransaction
 from .tensor import Tensor, from_numpy
 
-__all__ = ["ModelMeta", "Model"]
+__all__ = ["ModelMeta", "Model", "GraphModeError", "tiered_compilation"]
 
 
 _NO_SCOPE = contextlib.nullcontext()

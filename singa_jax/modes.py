@@ -17,13 +17,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import os
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar
 
 import jax
 
 __all__ = ["is_training", "set_training", "training_mode", "is_grad_enabled",
            "set_grad_enabled", "no_grad", "enable_grad", "is_backward_fused", "fused_backward",
-           "is_eager_replay", "eager_replay", "autocast_dtype", "autocast_mode",
+           "is_eager_replay", "eager_replay", "is_replay_speculating", "replay_speculation", "autocast_dtype", "autocast_mode",
            "TraceHook", "current_trace_hook", "trace_hook", "traced_keys", "compile_time_eval",
            "in_compile_time_eval", "parameter_initialization", "in_parameter_initialization"]
 
@@ -171,6 +172,30 @@ class eager_replay(_ScopedFlag):
     ``SINGA_JAX_EAGER_REPLAY=0`` turns it off for the process."""
 
     var = _EAGER_REPLAY
+
+    def __init__(self, enabled: bool = True):
+        super().__init__(enabled)
+
+
+_REPLAY_SPECULATION: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "singa_jax.replay_speculation",
+    default=os.environ.get("SINGA_JAX_REPLAY_SPECULATE", "1").lower() not in (
+        "0", "false", "off", "no"))
+
+
+def is_replay_speculating() -> bool:
+    """Whether a recurring segment's program may start before its recording ends
+    (``autograd.replay_speculation``)."""
+    return _REPLAY_SPECULATION.get()
+
+
+class replay_speculation(_ScopedFlag):
+    """Whether eager replay starts a recurring segment's program before the segment's recording
+    ends, where its remaining inputs can be predicted (default True), inside the block or the
+    decorated function (this thread only). ``SINGA_JAX_REPLAY_SPECULATE=0`` turns it off for
+    the process."""
+
+    var = _REPLAY_SPECULATION
 
     def __init__(self, enabled: bool = True):
         super().__init__(enabled)

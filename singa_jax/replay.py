@@ -41,9 +41,9 @@ training step's forward, fused backward walk and update), keeping eager semantic
   outputs are used only if every input turned out to be the predicted array.
 
 ``autograd.eager_replay(False)`` (a scope or decorator) or ``SINGA_JAX_EAGER_REPLAY=0`` runs
-every operator at once, op by op; :data:`SPECULATE` (``SINGA_JAX_REPLAY_SPECULATE=0``) turns
-speculation off. Results equal op-by-op execution up to XLA's fusion rounding
-(identical float32 results on the CPU in the tests). This module knows no operators: callers hand
+every operator at once, op by op; ``autograd.replay_speculation(False)`` (a scope or decorator)
+or ``SINGA_JAX_REPLAY_SPECULATE=0`` turns speculation off. Results equal op-by-op execution up
+to XLA's fusion rounding (identical float32 results on the CPU in the tests). This module knows no operators: callers hand
 it a kernel ``call`` and its static arguments.
 """
 from __future__ import annotations
@@ -66,11 +66,11 @@ except ImportError:  # another JAX layout: nothing is recorded (every op runs at
         pass
 
 from .modes import (current_trace_hook, in_compile_time_eval, is_eager_replay, is_grad_enabled,
-                    is_training)
+                    is_replay_speculating, is_training)
 from .xla_options import kernel, launches_in_thread, no_trace_running, replay_piece_calls
 
 __all__ = ["Deferred", "run", "flush", "bind", "bind_all", "pending", "soften", "resolve_tree",
-           "call_arguments", "stats", "MAX_RECORDS", "MIN_RECORDS", "COMPILE_ON", "SPECULATE"]
+           "call_arguments", "stats", "MAX_RECORDS", "MIN_RECORDS", "COMPILE_ON"]
 
 # a segment is flushed when it holds this many kernel calls (a loop that never reads a value
 # would otherwise record without end)
@@ -366,8 +366,6 @@ _LONGEST_WAIT = 64
 # batch's labels, and after it come only the walk, the update and the step: three calls, but
 # most of the step's Python after the forward)
 _MIN_AHEAD = 1
-SPECULATE = os.environ.get("SINGA_JAX_REPLAY_SPECULATE", "1").lower() not in (
-    "0", "false", "off", "no")
 
 
 def call_arguments(values: Sequence[Any]) -> None:
@@ -533,7 +531,7 @@ def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]
             plan.values = values
         return
     end.plan = None
-    if not SPECULATE:
+    if not is_replay_speculating():
         return
     if end.wait > 1:
         end.wait -= 1
@@ -695,7 +693,7 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
     segment.calls.append(step.key)
     segment.step = step
     _stats["recorded"] += 1
-    if step.speculate is not None and segment.spec is None and SPECULATE and \
+    if step.speculate is not None and segment.spec is None and is_replay_speculating() and \
             segment.limit == MAX_RECORDS:  # (a piece runs while the next is recorded already)
         _speculate(segment, step.speculate)
     if len(segment.calls) >= segment.limit:

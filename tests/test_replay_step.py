@@ -223,12 +223,11 @@ def test_pieces_do_not_run_ahead(monkeypatch):
     """An evaluation in pieces (an accelerator's rule, forced here) is never speculated: each
     piece already runs on the device while the next is recorded (measured: speculating them
     too was slower). Its recurring pieces still replay, and equal op by op."""
-    monkeypatch.setattr(replay, "SPECULATE", True)
     _evaluation_in_pieces(monkeypatch, 3)
     net = _build(_sgd())
     x, _ = _data()
     net.eval()
-    with autograd.eager_replay(True):
+    with autograd.eager_replay(True), autograd.replay_speculation(True):
         before = replay.stats()
         for _ in range(8):
             pieces = tensor.to_numpy(net(x))
@@ -457,11 +456,10 @@ def _speculation_run(speculate, monkeypatch, steps=12, tweak_at=None, small_last
     without speculation; returns losses, states, the evaluation's outputs and per call
     ``(speculated, mispredicted)``. (The tree of sequences outlives a test: a model of the
     same structure built by an earlier test finds its plans, and may mispredict at first.)"""
-    monkeypatch.setattr(replay, "SPECULATE", speculate)
     # an evaluation as one program on every backend, as on a CPU (an accelerator's pieces
     # do not speculate: test_pieces_do_not_run_ahead)
     _evaluation_in_pieces(monkeypatch, None)
-    with autograd.eager_replay(True):
+    with autograd.eager_replay(True), autograd.replay_speculation(speculate):
         net = _build(_sgd())
 
         def tweak():
@@ -586,8 +584,7 @@ def test_a_training_loop_without_a_model_call_is_speculated_from_the_last_step(m
 
     monkeypatch.setattr(replay, "_speculate", spy)
     for speculate in (True, False):
-        monkeypatch.setattr(replay, "SPECULATE", speculate)
-        with autograd.eager_replay(True):
+        with autograd.eager_replay(True), autograd.replay_speculation(speculate):
             net = _build(_sgd())
             net.train()
             losses, counts = [], []
@@ -658,11 +655,10 @@ def test_an_evaluation_after_training_steps_predicts_parameters_from_their_tenso
     # do not speculate: test_pieces_do_not_run_ahead)
     _evaluation_in_pieces(monkeypatch, None)
     for speculate in (True, False):
-        monkeypatch.setattr(replay, "SPECULATE", speculate)
         # a tree of sequences of its own: earlier tests' plans for the same sequence (from
         # Model calls, predicting from the call's arrays) would have to be dropped first
         monkeypatch.setattr(replay, "_ROOT", replay._Step(None, None))
-        with autograd.eager_replay(True):
+        with autograd.eager_replay(True), autograd.replay_speculation(speculate):
             net = _build(_sgd())
             counts, outs = [], []
             for phase in range(6):

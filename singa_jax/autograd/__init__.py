@@ -13,7 +13,8 @@ import types
 from .. import modes as _modes
 from .engine import (Operator, Operation, Dummy, infer_dependency, gradients, backward,  # noqa: F401
                      fused_backward, is_training)
-from ..modes import eager_replay  # noqa: F401
+from ..modes import eager_replay, replay_speculation  # noqa: F401
+from ..replay import stats as replay_stats  # noqa: F401
 from .function import (Function, InvalidInput, make_function, CTensor, axis_helper, back_broadcast,  # noqa: F401
                        ctensor2numpy)
 from .elementwise import *  # noqa: F401,F403

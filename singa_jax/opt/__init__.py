@@ -37,7 +37,7 @@ rules and the fused update kernel) and :mod:`~singa_jax.opt.dist` (``DistOpt``).
 everything from ``singa_jax.opt``.
 """
 from .dist import DistOpt
-from .optimizers import SGD, AdaGrad, Adam, Optimizer, RMSProp
+from .optimizers import SGD, AdaGrad, Adam, NonFiniteStepWarning, Optimizer, RMSProp
 from .schedules import Constant, DecayScheduler, ExponentialDecay
 from .optax import OptaxOptimizer, from_optax  # noqa: F401 (optax-backed optimizers)
 
@@ -47,6 +47,6 @@ from .optax import OptaxOptimizer, from_optax  # noqa: F401 (optax-backed optimi
 from .update import UpdateRule, _fused_update  # noqa: F401
 
 __all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp",
-           "AdaGrad", "Adam", "DistOpt",
+           "AdaGrad", "Adam", "DistOpt", "NonFiniteStepWarning",
            # not in SINGA: an Optimizer backed by an optax GradientTransformation
            "OptaxOptimizer", "from_optax"]
