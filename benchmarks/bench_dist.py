@@ -92,7 +92,7 @@ COLLECTIVES = textwrap.dedent('''
     sys.path[:0] = [os.path.join(REPO, "examples", "cnn"), os.path.join(REPO, "examples")]
     import numpy as np
     from singa_jax import device, opt, tensor
-    from singa_jax.opt import spmd
+    from singa_jax._src.dist import spmd
     from model.cnn import CNN
     import jax
 

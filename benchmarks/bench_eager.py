@@ -56,8 +56,9 @@ from unittest import mock
 import jax
 import numpy as np
 
-from singa_jax import (autograd, device, gc_tuning, layer, model, opt, replay, tensor,
-                       xla_options)
+from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax._src.backend import gc_tuning, xla_options
+from singa_jax._src.eager import replay
 from torch_child import StepServer, serve_steps
 
 LR, MOMENTUM = 0.05, 0.9

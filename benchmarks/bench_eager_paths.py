@@ -28,9 +28,9 @@ import numpy as np
 import bench_eager
 import bench_train_step
 from singa_jax import tensor
-from singa_jax.autograd import engine, function, kinds, residuals
-from singa_jax.opt import optimizers
-from singa_jax.xla_options import kernel
+from singa_jax._src.autodiff import engine, function, recipes as kinds, residuals
+from singa_jax._src.optim import optimizers
+from singa_jax._src.backend.xla_options import kernel
 from torch_child import step_times
 
 

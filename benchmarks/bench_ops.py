@@ -68,7 +68,7 @@ def _replay_kernels() -> None:
     """Replace the eager kernels (forward+vjp, pullback, fill, a fused walk) by replays of
     their first result, keyed by what selects the compiled kernel (the pullback: by its
     identity)."""
-    from singa_jax.autograd import engine, function
+    from singa_jax._src.autodiff import engine, function
 
     def replay(kernel: Callable, key: Callable) -> Callable:
         results: Dict = {}

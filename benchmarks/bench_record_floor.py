@@ -26,11 +26,12 @@ import weakref
 
 import numpy as np
 
-from singa_jax import autograd, layer, replay, tensor
-from singa_jax.autograd import function
-from singa_jax.autograd import nn as nn_ops
-from singa_jax.modes import is_grad_enabled, is_training
-from singa_jax.tensor.handle import result_tensor
+from singa_jax import autograd, layer, tensor
+from singa_jax._src.eager import replay
+from singa_jax._src.autodiff import function
+from singa_jax._src.ops import nn as nn_ops
+from singa_jax._src.base.modes import is_grad_enabled, is_training
+from singa_jax._src.tensor.tensor import result_tensor
 
 OPS = 300
 _AVAL = ((1, 8, 8, 8), "float32")

@@ -83,7 +83,7 @@ def _plugins() -> List[Row]:
 
 
 def _versions() -> List[Row]:
-    from . import __version__
+    from singa_jax import __version__
     rows = [("singa_jax", f"{__version__} ({os.path.dirname(os.path.abspath(__file__))})"),
             ("python", f"{platform.python_version()} ({platform.python_implementation()}, "
                        f"{sys.executable})"),
@@ -195,7 +195,7 @@ def _backends() -> Tuple[List[Row], dict]:
 
 def _precision(first_devices: dict) -> List[Row]:
     try:
-        from . import precision
+        from singa_jax._src.backend import precision
         rows = [("setting", precision.float32_matmul_precision())]
         for name, device in first_devices.items():
             try:

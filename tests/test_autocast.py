@@ -14,7 +14,8 @@ import pytest
 from sklearn.datasets import load_digits
 
 from singa_jax import autograd, device, layer, model, opt, tensor
-from singa_jax.autograd import mixed_precision
+from singa_jax._src.layers import base as layer_base
+from singa_jax._src.autodiff import autocast as mixed_precision
 
 from backend_precision import matmul_tolerance
 
@@ -119,7 +120,7 @@ def test_half_batch_into_a_float32_model_keeps_singas_cast_and_warns_once():
     fc = layer.Linear(3)
     fc(tensor.from_numpy(np.ones((2, 4), np.float32)))
     half = tensor.from_numpy(np.ones((2, 4), np.float32)).as_type(tensor.float16)
-    layer.base._WARNED_DOWNCASTS.clear()
+    layer_base._WARNED_DOWNCASTS.clear()
     with pytest.warns(UserWarning, match=r"float16 input casts its float32 parameters.*"
                                          r"autocast='float16'"):
         fc(half)

@@ -1,4 +1,4 @@
-"""Tests of singa_jax.autograd.nn: conv, pooling, batch norm, dropout, embedding, cossim,
+"""Tests of singa_jax._src.ops.nn: conv, pooling, batch norm, dropout, embedding, cossim,
 global average pooling and the RNN operator, against NumPy references written independently
 (naive loops, step-by-step recurrences) and gradients against finite differences."""
 import jax
@@ -8,7 +8,8 @@ import pytest
 
 from backend_precision import matmul_tolerance
 from singa_jax import autograd, device
-from singa_jax.autograd import conv_cpu, nn
+from singa_jax._src.backend import conv as conv_cpu
+from singa_jax._src.ops import nn
 from singa_jax.precision import float32_matmul_precision_scope
 from singa_jax.tensor import Tensor
 

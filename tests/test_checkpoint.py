@@ -8,7 +8,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from singa_jax import checkpoint, device, layer, model, opt, tensor
+from singa_jax._src.model import checkpoint
+from singa_jax import device, layer, model, opt, tensor
 
 
 class ConvNet(model.Model):

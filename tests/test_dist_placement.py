@@ -50,7 +50,7 @@ WORKER = textwrap.dedent('''
     def child(rank, world, holder, runs, out_dir):
         import jax
         from singa_jax import device, opt, tensor
-        from singa_jax.opt import spmd
+        from singa_jax._src.dist import spmd
         moved = [0]
         place = spmd._SpmdProgram.place
 

@@ -22,12 +22,14 @@ import numpy as np
 import pytest
 
 from backend_precision import matmul_tolerance
-from singa_jax import autograd, device, layer, model, opt, replay, tensor
-from singa_jax.autograd import engine, function, nn, residuals
-from singa_jax.autograd.function import Function
-from singa_jax.xla_options import kernel
-from singa_jax.creator import Dummy
-from singa_jax.modes import TraceHook, trace_hook
+from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax._src.eager import replay
+from singa_jax._src.autodiff import engine, function, residuals
+from singa_jax._src.ops import nn
+from singa_jax._src.autodiff.function import Function
+from singa_jax._src.backend.xla_options import kernel
+from singa_jax._src.base.node import Dummy
+from singa_jax._src.base.modes import TraceHook, trace_hook
 from singa_jax.tensor import Tensor
 
 pytestmark = pytest.mark.usefixtures("training_mode")
@@ -423,7 +425,7 @@ def test_only_ops_that_declare_state_fetch_it():
     assert not autograd.ReLU._declares_state and not autograd.ReduceSum._declares_state
     assert autograd.Dropout._declares_state  # needs_key
     assert autograd.SoftMaxCrossEntropy._declares_state  # reads its target
-    from singa_jax.autograd.nn import _BatchNorm2d
+    from singa_jax._src.ops.nn import _BatchNorm2d
     assert _BatchNorm2d._declares_state  # reads and writes the running statistics
 
 

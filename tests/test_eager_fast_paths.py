@@ -22,8 +22,10 @@ import numpy as np
 import pytest
 
 from backend_precision import matmul_tolerance
-from singa_jax import autograd, layer, model, replay, tensor
-from singa_jax.autograd import engine, function, nn
+from singa_jax import autograd, layer, model, tensor
+from singa_jax._src.eager import replay
+from singa_jax._src.autodiff import engine, function
+from singa_jax._src.ops import nn
 from singa_jax.tensor import Tensor
 
 RTOL = ATOL = 1e-6
@@ -193,7 +195,8 @@ def test_a_long_walk_is_fused_when_its_operators_are_small(small, replays_counte
     """70 operators: over FUSED_WALK_MAX_OPS, so fused only as a walk of small operators (the
     threshold lowered below their size: op by op) where the platform fuses no heavy walk (a
     CPU's rule, set here for whatever platform runs the test); the same gradient either way."""
-    from singa_jax import device, xla_options
+    from singa_jax import device
+    from singa_jax._src.backend import xla_options
     monkeypatch.setitem(xla_options.HEAVY_WALKS_FUSED,
                         device.get_default_device().platform, False)
     if not small:

@@ -25,10 +25,12 @@ import numpy as np
 import pytest
 
 from backend_precision import two_programs_tolerance
-from singa_jax import autograd, device, graph_tiers, host_prng, layer, model, opt, tensor
-from singa_jax import graph as graph_mod
-from singa_jax import xla_options
-from singa_jax.graph import GraphModeError
+from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax._src.backend import tiers as graph_tiers
+from singa_jax._src.base import host_prng
+from singa_jax._src.graph import runner as graph_mod
+from singa_jax._src.backend import xla_options
+from singa_jax._src.graph.runner import GraphModeError
 
 
 class Net(model.Model):

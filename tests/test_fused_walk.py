@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from backend_precision import matmul_tolerance
-from singa_jax import autograd, modes, tensor
-from singa_jax.autograd import engine
-from singa_jax.autograd.function import Function
-from singa_jax.opt import optimizers
+from singa_jax import autograd, tensor
+from singa_jax._src.base import modes
+from singa_jax._src.autodiff import engine
+from singa_jax._src.autodiff.function import Function
+from singa_jax._src.optim import optimizers
 from singa_jax.precision import float32_matmul_precision_scope
 from singa_jax.tensor import Tensor
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from singa_jax import autograd, device, tensor
-from singa_jax import graph as graph_mod
+from singa_jax._src.graph import runner as graph_mod
 from singa_jax.autograd import make_function
-from singa_jax.graph import GraphModeError, GraphRunner, tensors_in
+from singa_jax._src.graph.runner import GraphModeError, GraphRunner
+from singa_jax._src.graph.layout import tensors_in
 from singa_jax.tensor import Tensor
 
 # --- tiny op catalogue (pure functions -> autograd Functions) --------------------------------
@@ -392,7 +393,7 @@ def test_state_rebound_to_a_new_shape_retraces():
 
 
 def test_unalias_copies_arrays_sharing_a_buffer():
-    from singa_jax.graph_layout import buffer_id as _buffer_id, unalias as _unalias
+    from singa_jax._src.graph.layout import buffer_id as _buffer_id, unalias as _unalias
     a, b = jnp.ones(3), jnp.zeros(3)
     key = jax.random.PRNGKey(0)
     donated, others = [a, a, b, key], [b, key]

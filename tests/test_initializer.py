@@ -9,7 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from singa_jax import device, host_prng, initializer, layer, modes, sampling
+from singa_jax import device, initializer, layer
+from singa_jax._src.base import host_prng, modes
+from singa_jax._src.runtime import sampling
 from singa_jax.tensor import Tensor
 
 SAMPLERS = {"device": contextlib.nullcontext, "host": modes.parameter_initialization}

@@ -9,9 +9,10 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 import pytest
 
-from singa_jax import autograd, device, layer, model, opt, replay, tensor
-from singa_jax.autograd import kinds
-from singa_jax.modes import training_mode
+from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax._src.eager import replay
+from singa_jax._src.autodiff import recipes as kinds
+from singa_jax._src.base.modes import training_mode
 from singa_jax.tensor import Tensor
 
 from backend_precision import two_programs_tolerance

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from singa_jax import device, layer, opt, tensor
-from singa_jax.autograd import conv_cpu
-from singa_jax.graph import tensors_in
-from singa_jax.graph_layout import StepLowering
+from singa_jax._src.backend import conv as conv_cpu
+from singa_jax._src.graph.layout import tensors_in
+from singa_jax._src.graph.layout import StepLowering
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 PLATFORMS = ("cuda", "tpu")
@@ -180,7 +180,7 @@ def _check_exported(net, optimizer, batch, results) -> str:
 
     # the exported function is the compiled step: its state (parameters and momentum slots
     # donated, the rest read) and batch in; the new state, then the results (out, loss and the
-    # value checks the step makes, see singa_jax.checks) out
+    # value checks the step makes, see singa_jax._src.base.checks) out
     prog = _step_program(net)
     donated = [t.array for t in prog.donated] + [d.key for d in prog.donated_devices]
     read = [t.array for t in prog.read] + [d.key for d in prog.read_devices]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from singa_jax import autograd, device, layer, model, opt, tensor
-from singa_jax.graph import GraphModeError
+from singa_jax._src.graph.runner import GraphModeError
 
 from backend_precision import two_programs_tolerance
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from singa_jax import autograd, opt
-from singa_jax.modes import TraceHook, trace_hook
+from singa_jax._src.optim import optimizers
+from singa_jax._src.base.modes import TraceHook, trace_hook
 from singa_jax.precision import float32_matmul_precision_scope
 from singa_jax.tensor import Tensor
 
@@ -390,13 +391,13 @@ def test_fused_update_equals_per_param_update(kind, hp):
 
 def test_one_kernel_launch_per_step(monkeypatch):
     calls = []
-    real = opt.optimizers._fused_update
+    real = optimizers._fused_update
 
     def counting(*args, **kwargs):
         calls.append(len(args[6]))  # the list of params
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(opt.optimizers, "_fused_update", counting)  # the name Optimizer calls
+    monkeypatch.setattr(optimizers, "_fused_update", counting)  # the name Optimizer calls
     params = make_params()
     o = opt.Adam(lr=0.01)
     for _ in range(3):

@@ -27,8 +27,10 @@ import pytest
 from jax import lax
 
 import singa_jax
-from singa_jax import autograd, device, layer, model, opt, tensor, xla_options
-from singa_jax.autograd import nn as autograd_nn
+from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax._src.backend import compilation_cache
+from singa_jax._src.backend import xla_options
+from singa_jax._src.ops import nn as autograd_nn
 
 
 # What XLA:CPU is given (its compile options, host-made fills, glibc's malloc thresholds, the
@@ -185,7 +187,7 @@ def test_a_step_without_depthwise_convolutions_takes_the_step_options(group):
 
 @on_cpu_backend
 def test_called_functions_name_the_depthwise_convolution_and_its_gradient():
-    from singa_jax.autograd import conv_cpu
+    from singa_jax._src.backend import conv as conv_cpu
 
     def loss(x, w):
         return conv_cpu.conv(x, w, (1, 1), ((1, 1), (1, 1)), (1, 1), 4).sum()
@@ -203,7 +205,7 @@ def test_fills_equal_jnp_full_on_their_device_and_are_device_ops_inside_traces(d
     """``Tensor(shape)``, ``zeros``/``ones`` and ``set_value`` fill on the host on CPU (no program
     per shape): the same values, dtype and device as ``jnp.full``; inside a trace the fill stays
     a device op (a broadcast, not a constant the size of the array)."""
-    from singa_jax.tensor.handle import _filled
+    from singa_jax._src.tensor.tensor import _filled
     devices = device.create_cpu_devices(2) if len(jax.devices()) >= 2 else \
         [device.get_default_device()]
     for d in devices:
@@ -221,8 +223,8 @@ def test_fills_inside_compile_time_eval_are_concrete_and_the_mode_is_scoped():
     concrete array made on the host, like one outside any trace; the mode belongs to the block
     (restored when it raises) and to its thread."""
     import threading
-    from singa_jax import modes
-    from singa_jax.tensor.handle import _filled
+    from singa_jax._src.base import modes
+    from singa_jax._src.tensor.tensor import _filled
     seen = {}
 
     def traced(x):
@@ -354,7 +356,7 @@ def test_compile_lowers_no_program_for_new_parameter_shapes():
     compile() 1.3 of its 3.1 s: on CPU the initialisation fills and cuts on the host, so a model
     of new shapes initialises with programs already made -- and the same values as the device
     path (the chunks concatenated and cut by jnp)."""
-    from singa_jax import sampling
+    from singa_jax._src.runtime import sampling
     lowered = []
     watching = [False]
 
@@ -432,18 +434,18 @@ def test_eager_computes_no_gradient_for_the_input_batch():
 
 # --- persistent compilation cache ----------------------------------------------------------
 def test_cache_folder_setting(monkeypatch, tmp_path):
-    monkeypatch.delenv(singa_jax.COMPILATION_CACHE_ENV, raising=False)
+    monkeypatch.delenv(compilation_cache.ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     previous = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", None)
     try:
-        assert singa_jax._compilation_cache_folder() == str(tmp_path / "singa_jax" / "xla")
-        monkeypatch.setenv(singa_jax.COMPILATION_CACHE_ENV, "0")
-        assert singa_jax._compilation_cache_folder() is None
-        monkeypatch.setenv(singa_jax.COMPILATION_CACHE_ENV, str(tmp_path / "mine"))
-        assert singa_jax._compilation_cache_folder() == str(tmp_path / "mine")
+        assert compilation_cache.folder() == str(tmp_path / "singa_jax" / "xla")
+        monkeypatch.setenv(compilation_cache.ENV, "0")
+        assert compilation_cache.folder() is None
+        monkeypatch.setenv(compilation_cache.ENV, str(tmp_path / "mine"))
+        assert compilation_cache.folder() == str(tmp_path / "mine")
         jax.config.update("jax_compilation_cache_dir", str(tmp_path / "chosen"))
-        assert singa_jax._compilation_cache_folder() is None  # JAX's own choice is kept
+        assert compilation_cache.folder() is None  # JAX's own choice is kept
     finally:
         jax.config.update("jax_compilation_cache_dir", previous)
 
@@ -452,11 +454,11 @@ def test_import_sets_the_cache_without_starting_a_backend(tmp_path):
     code = ("import jax, singa_jax; from jax._src import xla_bridge as xb; "
             "print(jax.config.jax_compilation_cache_dir, bool(xb._backends))")
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    env[singa_jax.COMPILATION_CACHE_ENV] = str(tmp_path / "xla")
+    env[compilation_cache.ENV] = str(tmp_path / "xla")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == [str(tmp_path / "xla"), "False"]
-    env[singa_jax.COMPILATION_CACHE_ENV] = "0"
+    env[compilation_cache.ENV] = "0"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["None", "False"]
@@ -468,13 +470,13 @@ def test_the_cache_singa_jax_chooses_keeps_every_program(tmp_path):
     code = "import jax, singa_jax; print(jax.config.jax_persistent_cache_min_compile_time_secs)"
     env = {k: v for k, v in os.environ.items()
            if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
-    env[singa_jax.COMPILATION_CACHE_ENV] = str(tmp_path / "xla")
+    env[compilation_cache.ENV] = str(tmp_path / "xla")
     run = partial(subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True,
                   check=True)
     assert float(run(env=env).stdout.split()[-1]) == 0.0
     assert float(run(env={**env, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2"}
                      ).stdout.split()[-1]) == 2.0  # the user's setting rules
-    assert float(run(env={**env, singa_jax.COMPILATION_CACHE_ENV: "0"}).stdout.split()[-1]) \
+    assert float(run(env={**env, compilation_cache.ENV: "0"}).stdout.split()[-1]) \
         == 1.0  # cache off: JAX's default untouched
 
 
@@ -489,7 +491,8 @@ _GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 _FAULTS_PER_STEP = """
 import resource
 import numpy as np
-from singa_jax import autograd, host_memory, opt, tensor
+from singa_jax import autograd, opt, tensor
+from singa_jax._src.backend import host_memory
 autograd.training = True
 rng = np.random.default_rng(0)
 x = tensor.from_numpy(rng.standard_normal((64, 784)).astype(np.float32))

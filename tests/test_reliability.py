@@ -19,9 +19,11 @@ import numpy as np
 import pytest
 
 from backend_precision import matmul_tolerance
-from singa_jax import autograd, checkpoint, checks, layer, model, opt, tensor
-from singa_jax.opt.optimizers import NonFiniteStepWarning
-from singa_jax.opt.update import _all_finite
+from singa_jax import autograd, layer, model, opt, tensor
+from singa_jax._src.model import checkpoint
+from singa_jax._src.base import checks
+from singa_jax._src.optim.optimizers import NonFiniteStepWarning
+from singa_jax._src.optim.update import _all_finite
 from singa_jax.tensor import Tensor
 
 
@@ -475,7 +477,7 @@ def test_garbage_member_is_named(tmp_path, member, payload, message):
 KILLED_SAVE = textwrap.dedent("""
     import os, sys, time
     import numpy as np
-    from singa_jax import checkpoint
+    from singa_jax._src.model import checkpoint
     def stall(src, dst):  # the archive is written; die before moving it into place
         print("written", flush=True)
         time.sleep(60)
@@ -507,7 +509,7 @@ def test_nonfinite_guard_of_many_parameters_runs_its_test_apart_and_decides_the_
     """An eager update of more than update.SEPARATE_TEST_FROM parameters tests the gradients in
     a kernel of its own (XLA:CPU compiles one program doing both superlinearly slowly): the
     same update for finite gradients, nothing changed and the step counted for a NaN."""
-    from singa_jax.opt import update
+    from singa_jax._src.optim import update
     n = update.SEPARATE_TEST_FROM + 4
     rng = np.random.default_rng(0)
     init = [rng.standard_normal((3, 2)).astype(np.float32) for _ in range(n)]

@@ -1,4 +1,4 @@
-"""Eager replay (singa_jax.replay): a recurring eager sequence runs as one compiled program with
+"""Eager replay (singa_jax._src.eager.replay): a recurring eager sequence runs as one compiled program with
 eager semantics intact. Every check compares against op-by-op execution
 (``autograd.eager_replay(False)``) of the same program from the same seed: float32 on the CPU,
 where the fused program and the single kernels give the same results up to XLA's fusion
@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from singa_jax import autograd, device, layer, model, opt, replay, tensor
+from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax._src.eager import replay
 
 from backend_precision import matmul_tolerance
 
@@ -294,8 +295,8 @@ def test_walks_of_heavy_operators_fuse_where_the_backend_says(monkeypatch, heavy
     an accelerator it is fused (and recorded into the step's program) like a small one. Here
     every operator counts as heavy and walks past 4 operators as long; the switch of the
     platform the test runs on is flipped: the gradients equal op by op's either way."""
-    from singa_jax import xla_options
-    from singa_jax.autograd import engine
+    from singa_jax._src.backend import xla_options
+    from singa_jax._src.autodiff import engine
     monkeypatch.setattr(engine, "FUSED_WALK_MAX_OPS", 4)
     monkeypatch.setattr(engine, "FUSED_WALK_SMALL_OP", 0)
     platform = device.get_default_device().platform

@@ -1,5 +1,5 @@
 """Eager replay of a whole training step: the forward, the fused backward walk and the optimizer's
-update recorded into one segment, run as ONE program once the step recurs (singa_jax.replay,
+update recorded into one segment, run as ONE program once the step recurs (singa_jax._src.eager.replay,
 autograd.engine._fused_walk, opt/replayed_update.py). Every check compares against op-by-op
 execution (``autograd.eager_replay(False)``) from the same seed: float32 on the CPU, equal up
 to XLA's fusion rounding (1e-6; on a GPU's TF32 up to two programs' own roundings:
@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 
 from backend_precision import two_programs_tolerance
-from singa_jax import autograd, device, layer, model, opt, replay, tensor, xla_options
-from singa_jax.autograd import engine
-from singa_jax.opt import update
-from singa_jax.opt.optimizers import NonFiniteStepWarning
+from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax._src.eager import replay
+from singa_jax._src.backend import xla_options
+from singa_jax._src.autodiff import engine
+from singa_jax._src.optim import update
+from singa_jax._src.optim.optimizers import NonFiniteStepWarning
 
 WARMUP = 7  # calls after which a recurring step is one compiled program (see bench_eager.py)
 
@@ -401,7 +403,8 @@ import jax, numpy as np
 # objects frozen before singa_jax ran (gc.freeze() by the interpreter's startup -- a
 # sitecustomize, say -- or by a dependency): not singa_jax's doing
 frozen_before = gc.get_freeze_count()
-from singa_jax import autograd, gc_tuning, tensor
+from singa_jax import autograd, tensor
+from singa_jax._src.backend import gc_tuning
 if sys.argv[1] == "own":
     gc.set_threshold(900, 10, 10)  # the program's own thresholds stand
 before = gc.get_threshold()
@@ -629,7 +632,8 @@ def test_a_forked_child_launches_from_a_thread_of_its_own(tmp_path):
         "import os, warnings\n"
         "warnings.simplefilter('ignore')\n"
         "import jax.numpy as jnp\n"
-        "from singa_jax import replay, xla_options\n"
+        "from singa_jax._src.backend import xla_options\n"
+        "from singa_jax._src.eager import replay\n"
         "program = xla_options.kernel(lambda a: a + 1)\n"
         "x = jnp.arange(3.0)\n"
         "assert float(replay._launch_in_thread(program, [x]).result(timeout=60)[0]) == 1.0\n"

@@ -10,7 +10,7 @@ import pytest
 from backend_precision import matmul_tolerance
 from singa_jax import autograd, tensor
 from singa_jax import singa_wrap as sw
-from singa_jax.autograd import nn
+from singa_jax._src.ops import nn
 
 RNG = np.random.default_rng(0)
 

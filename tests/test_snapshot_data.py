@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from singa_jax import data, snapshot, tensor
-from singa_jax.singa_wrap import io as snapshot_io
+from singa_jax._src.swig import io as snapshot_io
 
 
 # ---------------------------------------------------------------------------------------------

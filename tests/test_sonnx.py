@@ -565,4 +565,4 @@ def test_docs_op_table_is_generated_from_the_code():
     found = re.search(r"<!-- op-table:start -->\n(.*?)<!-- op-table:end -->", text, re.S)
     assert found, "docs/onnx.md lost its op-table markers"
     assert found.group(1) == sonnx.op_table_markdown(), \
-        "docs/onnx.md's op table is stale: run python -m singa_jax.sonnx.doc_table"
+        "docs/onnx.md's op table is stale: run python -m singa_jax._src.onnx.doc_table"

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from singa_jax import autograd, checks, device, layer, model, opt, tensor
+from singa_jax import autograd, device, layer, model, opt, tensor
+from singa_jax._src.base import checks
 
 
 class Net(model.Model):

@@ -24,13 +24,20 @@ Example::
             out, loss = model(tx, ty)
         print(f"waited {batches.wait_seconds:.2f} s for input")
 """
-from .image_batch_iter import ImageBatchIter
-from .loader import DeviceLoader, EpochBatches
-from .transforms import (Cast, Compose, Flatten, Normalize, RandomCrop, RandomFlip, Resize,
-                         Transform, batch_key, cast, compose, crop_at, flatten, flip_where,
-                         normalize, random_crop, random_flip, random_shift, resize)
+from singa_jax._src.data.image_batch_iter import ImageBatchIter as ImageBatchIter
+from singa_jax._src.data.loader import DeviceLoader as DeviceLoader, EpochBatches as EpochBatches
+from singa_jax._src.data.transforms import (
+    Transform as Transform, Compose as Compose, RandomCrop as RandomCrop, RandomFlip as RandomFlip,
+    Resize as Resize, Cast as Cast, Normalize as Normalize, Flatten as Flatten, compose as compose,
+    random_crop as random_crop, random_shift as random_shift, random_flip as random_flip,
+    resize as resize, cast as cast, normalize as normalize, flatten as flatten, crop_at as crop_at,
+    flip_where as flip_where, batch_key as batch_key)
+from singa_jax._src.base.public import publish as _publish
 
-__all__ = ["ImageBatchIter", "DeviceLoader", "EpochBatches", "Transform", "Compose",
-           "RandomCrop", "RandomFlip", "Resize", "Cast", "Normalize", "Flatten", "compose",
-           "random_crop", "random_shift", "random_flip", "resize", "cast", "normalize",
-           "flatten", "crop_at", "flip_where", "batch_key"]
+__all__ = [
+    "ImageBatchIter", "DeviceLoader", "EpochBatches", "Transform", "Compose", "RandomCrop",
+    "RandomFlip", "Resize", "Cast", "Normalize", "Flatten", "compose", "random_crop",
+    "random_shift", "random_flip", "resize", "cast", "normalize", "flatten", "crop_at",
+    "flip_where", "batch_key"]
+
+_publish(__name__, __all__)

@@ -4,21 +4,24 @@
 are grouped by family in :mod:`.core` (dense and parameter-free), :mod:`.conv` (convolution,
 batch-norm, pooling) and :mod:`.rnn` (recurrent).
 """
-from .base import Layer, LayerMeta
-from .core import (Linear, Gemm, Embedding, ReLU, Sigmoid, Add, Flatten, SoftMaxCrossEntropy,
-                   SoftMax, MeanSquareError, CrossEntropy, BinaryCrossEntropy, Dropout, Cat,
-                   Reshape)
-from .conv import (Conv2d, SeparableConv2d, BatchNorm2d, Pooling2d, MaxPool2d, AvgPool2d,
-                   MaxPool1d, AvgPool1d)
-from .rnn import RNN_Base, RNN, LSTM, CudnnRNN
+from singa_jax._src.layers.base import Layer as Layer, LayerMeta as LayerMeta
+from singa_jax._src.layers.core import (
+    Linear as Linear, Gemm as Gemm, Embedding as Embedding, ReLU as ReLU, Sigmoid as Sigmoid,
+    Add as Add, Flatten as Flatten, SoftMaxCrossEntropy as SoftMaxCrossEntropy, SoftMax as SoftMax,
+    MeanSquareError as MeanSquareError, CrossEntropy as CrossEntropy,
+    BinaryCrossEntropy as BinaryCrossEntropy, Dropout as Dropout, Cat as Cat, Reshape as Reshape)
+from singa_jax._src.layers.conv import (
+    Conv2d as Conv2d, SeparableConv2d as SeparableConv2d, BatchNorm2d as BatchNorm2d,
+    Pooling2d as Pooling2d, MaxPool2d as MaxPool2d, AvgPool2d as AvgPool2d, MaxPool1d as MaxPool1d,
+    AvgPool1d as AvgPool1d)
+from singa_jax._src.layers.rnn import (
+    RNN_Base as RNN_Base, RNN as RNN, LSTM as LSTM, CudnnRNN as CudnnRNN)
+from singa_jax._src.base.public import publish as _publish
 
-__all__ = ["Layer", "LayerMeta",
-           # core
-           "Linear", "Gemm", "Embedding", "ReLU", "Sigmoid", "Add", "Flatten",
-           "SoftMaxCrossEntropy", "SoftMax", "MeanSquareError", "CrossEntropy",
-           "BinaryCrossEntropy", "Dropout", "Cat", "Reshape",
-           # conv
-           "Conv2d", "SeparableConv2d", "BatchNorm2d", "Pooling2d", "MaxPool2d", "AvgPool2d",
-           "MaxPool1d", "AvgPool1d",
-           # rnn
-           "RNN_Base", "RNN", "LSTM", "CudnnRNN"]
+__all__ = [
+    "Layer", "LayerMeta", "Linear", "Gemm", "Embedding", "ReLU", "Sigmoid", "Add", "Flatten",
+    "SoftMaxCrossEntropy", "SoftMax", "MeanSquareError", "CrossEntropy", "BinaryCrossEntropy",
+    "Dropout", "Cat", "Reshape", "Conv2d", "SeparableConv2d", "BatchNorm2d", "Pooling2d",
+    "MaxPool2d", "AvgPool2d", "MaxPool1d", "AvgPool1d", "RNN_Base", "RNN", "LSTM", "CudnnRNN"]
+
+_publish(__name__, __all__)

@@ -31,22 +31,24 @@ the next parameter of that name.
 
 See docs/optimizers.md for the update rules and how they differ from PyTorch's.
 
-The package is split by topic: :mod:`~singa_jax.opt.schedules` (decay schedules),
-:mod:`~singa_jax.opt.optimizers` (the optimizers), :mod:`~singa_jax.opt.update` (their update
-rules and the fused update kernel) and :mod:`~singa_jax.opt.dist` (``DistOpt``). Import
+The package is split by topic: :mod:`~singa_jax._src.optim.schedules` (decay schedules),
+:mod:`~singa_jax._src.optim.optimizers` (the optimizers), :mod:`~singa_jax._src.optim.update` (their update
+rules and the fused update kernel) and :mod:`~singa_jax._src.dist.dist` (``DistOpt``). Import
 everything from ``singa_jax.opt``.
 """
-from .dist import DistOpt
-from .optimizers import SGD, AdaGrad, Adam, NonFiniteStepWarning, Optimizer, RMSProp
-from .schedules import Constant, DecayScheduler, ExponentialDecay
-from .optax import OptaxOptimizer, from_optax  # noqa: F401 (optax-backed optimizers)
+from singa_jax._src.optim.schedules import (
+    DecayScheduler as DecayScheduler, Constant as Constant, ExponentialDecay as ExponentialDecay)
+from singa_jax._src.optim.optimizers import (
+    Optimizer as Optimizer, SGD as SGD, RMSProp as RMSProp, AdaGrad as AdaGrad, Adam as Adam,
+    NonFiniteStepWarning as NonFiniteStepWarning)
+from singa_jax._src.dist.dist import DistOpt as DistOpt
+from singa_jax._src.optim.optax import OptaxOptimizer as OptaxOptimizer, from_optax as from_optax
+from singa_jax._src.optim.update import UpdateRule as UpdateRule
+from singa_jax._src.base.public import publish as _publish
 
-# Outside __all__, as in the single-module layout: the update-rule type, and the fused kernel that
-# tests read. To replace the kernel (e.g. monkeypatch) patch ``singa_jax.opt.optimizers``'s
-# ``_fused_update``: that is the name the optimizers call.
-from .update import UpdateRule, _fused_update  # noqa: F401
+__all__ = [
+    "DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp",
+    "AdaGrad", "Adam", "DistOpt", "NonFiniteStepWarning", "OptaxOptimizer", "from_optax",
+    "UpdateRule"]
 
-__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp",
-           "AdaGrad", "Adam", "DistOpt", "NonFiniteStepWarning",
-           # not in SINGA: an Optimizer backed by an optax GradientTransformation
-           "OptaxOptimizer", "from_optax"]
+_publish(__name__, __all__)

@@ -9,48 +9,51 @@ Arithmetic on Tensors here is plain computation (as in SINGA): it does not recor
 graph; the functions of :mod:`singa_jax.autograd` do. The exception is PyTorch-style code: the
 operators ``+ - * / ** @`` and unary ``-`` record when an operand is tracked (a leaf made by
 ``requires_grad_()`` or ``tensor(..., requires_grad=True)``, or a result of one); see
-:mod:`singa_jax.autograd.torch_style`.
+:mod:`singa_jax._src.ops.torch_style`.
 
 Layout: :mod:`.handle` holds the Tensor class, :mod:`.operands` the arithmetic behind its
 operators (and SINGA's ``mult``, ``copy_data_to_from``), :mod:`.functions` SINGA's module
-functions; the dtype constants live in :mod:`singa_jax.dtypes`, the random sampling in :mod:`singa_jax.sampling`
-and the creator bookkeeping (``Dummy``) in :mod:`singa_jax.creator`. This module re-exports every
+functions; the dtype constants live in :mod:`singa_jax._src.base.dtypes`, the random sampling in :mod:`singa_jax._src.runtime.sampling`
+and the creator bookkeeping (``Dummy``) in :mod:`singa_jax._src.base.node`. This module re-exports every
 public name SINGA's ``tensor`` has. See ``docs/tensors.md`` for the mapping onto JAX and the
 differences from SINGA.
 """
-from ..ctensor import CTensor
-from ..device import get_default_device  # noqa: F401 (SINGA's tensor module imports it too)
-from ..dtypes import (bfloat16, bool_, float16, float32, float64, int8, int16, int32, int64,
-                      singa_dtype_code, sizeof, to_dtype, uint8)
-from ..modes import TraceHook
-from .handle import InvalidIndex, PlaceHolder, SharedTensor, Tensor
-from .operands import copy_data_to_from, mult
-from .functions import _call_singa_func  # noqa: F401 (SINGA's private helper, used by its tests)
-from .functions import (
-    from_raw_tensor, from_raw_tensors, from_numpy, tensor, from_jax, from_dlpack, to_numpy,
-    to_host, copy_from_numpy, zeros, ones, random, zeros_like, ones_like, product, contiguous,
-    reshape, transpose, repeat, sum, average, softmax, pow, add, sub, eltwise_mult, div, lt, le,
-    gt, ge, eq, abs, exp, ceil, log, sigmoid, sign, sqrt, square, tanh, einsum, tensordot,
-    concatenate, axpy, bernoulli, gaussian, uniform, add_column, add_row, sum_columns, sum_rows)
+from singa_jax._src.tensor.tensor import (
+    Tensor as Tensor, PlaceHolder as PlaceHolder, SharedTensor as SharedTensor,
+    InvalidIndex as InvalidIndex)
+from singa_jax._src.runtime.ctensor import CTensor as CTensor
+from singa_jax._src.base.modes import TraceHook as TraceHook
+from singa_jax._src.base.dtypes import (
+    float16 as float16, float32 as float32, float64 as float64, bfloat16 as bfloat16, int8 as int8,
+    int16 as int16, int32 as int32, int64 as int64, uint8 as uint8, bool_ as bool_,
+    to_dtype as to_dtype, singa_dtype_code as singa_dtype_code, sizeof as sizeof)
+from singa_jax._src.tensor.functions import (
+    from_raw_tensor as from_raw_tensor, from_raw_tensors as from_raw_tensors,
+    from_numpy as from_numpy, tensor as tensor, from_jax as from_jax, from_dlpack as from_dlpack,
+    to_numpy as to_numpy, to_host as to_host, copy_from_numpy as copy_from_numpy, zeros as zeros,
+    ones as ones, random as random, zeros_like as zeros_like, ones_like as ones_like,
+    product as product, contiguous as contiguous, reshape as reshape, transpose as transpose,
+    repeat as repeat, sum as sum, average as average, softmax as softmax, pow as pow, add as add,
+    sub as sub, eltwise_mult as eltwise_mult, div as div, lt as lt, le as le, gt as gt, ge as ge,
+    eq as eq, abs as abs, exp as exp, ceil as ceil, log as log, sigmoid as sigmoid, sign as sign,
+    sqrt as sqrt, square as square, tanh as tanh, einsum as einsum, tensordot as tensordot,
+    concatenate as concatenate, axpy as axpy, bernoulli as bernoulli, gaussian as gaussian,
+    uniform as uniform, add_column as add_column, add_row as add_row, sum_columns as sum_columns,
+    sum_rows as sum_rows)
+from singa_jax._src.tensor.operands import copy_data_to_from as copy_data_to_from, mult as mult
+from singa_jax._src.runtime.device import get_default_device as get_default_device
+from singa_jax._src.base.public import publish as _publish
 
 __all__ = [
-    # the handle, its aliases and graph mode's hook
     "Tensor", "PlaceHolder", "SharedTensor", "CTensor", "InvalidIndex", "TraceHook",
-    # dtypes (from singa_jax.dtypes)
     "float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64", "uint8",
-    "bool_", "to_dtype", "singa_dtype_code", "sizeof",
-    # creation and conversion
-    "from_raw_tensor", "from_raw_tensors", "from_numpy", "tensor", "from_jax", "from_dlpack",
-    "to_numpy", "to_host", "copy_from_numpy",
-    "copy_data_to_from", "zeros", "ones", "random", "zeros_like", "ones_like", "product",
-    # shape
-    "contiguous", "reshape", "transpose", "repeat",
-    # math
-    "sum", "average", "softmax", "pow", "add", "sub", "eltwise_mult", "div", "lt", "le", "gt",
-    "ge", "eq", "abs", "exp", "ceil", "log", "sigmoid", "sign", "sqrt", "square", "tanh", "mult",
-    "einsum", "tensordot", "concatenate", "axpy",
-    # random fills
-    "bernoulli", "gaussian", "uniform",
-    # SINGA's deprecated row/column functions
-    "add_column", "add_row", "sum_columns", "sum_rows",
-]
+    "bool_", "to_dtype", "singa_dtype_code", "sizeof", "from_raw_tensor", "from_raw_tensors",
+    "from_numpy", "tensor", "from_jax", "from_dlpack", "to_numpy", "to_host",
+    "copy_from_numpy", "copy_data_to_from", "zeros", "ones", "random", "zeros_like",
+    "ones_like", "product", "contiguous", "reshape", "transpose", "repeat", "sum", "average",
+    "softmax", "pow", "add", "sub", "eltwise_mult", "div", "lt", "le", "gt", "ge", "eq",
+    "abs", "exp", "ceil", "log", "sigmoid", "sign", "sqrt", "square", "tanh", "mult",
+    "einsum", "tensordot", "concatenate", "axpy", "bernoulli", "gaussian", "uniform",
+    "add_column", "add_row", "sum_columns", "sum_rows", "get_default_device"]
+
+_publish(__name__, __all__)

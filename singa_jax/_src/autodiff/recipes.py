@@ -1,0 +1,193 @@
+"""The recording path per operator kind: an operator call shaped like the last call of its kind
+is recorded without the generic path's derivations.
+
+An operator *kind* is an op class with fixed configuration: a table's ``ReLU``, a
+convolution handle's ``_Conv2d``, a batch-norm handle's ``_BatchNorm2d`` over its running
+statistics. The generic path of a call -- the op's constructor, the engine's ``_do_forward``,
+``Function.forward`` and its training-mode half -- derives, every call, what depends only on
+the call's *signature*: each input's aval, ``requires_grad``, ``stores_grad`` and whether it
+is a leaf; the device; the modes (grad, training, autocast). From the same signature come the
+same gradient mask, kernel, static key, differentiated inputs and output spec. So the first
+call of a kind goes the generic way and leaves a :class:`Recipe` -- the operator's state
+that is not per call, and the kernel's replay key -- and a later call with the same
+signature builds its operator from the recipe and hands the kernel to :func:`replay.run`
+directly: the operator, its graph edges, its pullback and its output Tensor are those the
+generic path makes (``tests/test_kinds.py`` compares them field by field). Any other call --
+another signature, a mode changed, replay off, a trace running, an input tracked by
+PyTorch-style autograd, a kind with a PRNG key or several outputs -- takes the generic path,
+which then leaves the recipe for its own signature (one per kind, key and modes: the last).
+``SINGA_JAX_KIND_RECIPES=0`` (or :data:`ENABLED` set False) makes every call generic.
+
+On the dispatch-bound network of ``bench_eager.py`` this is most of an operator's host cost
+that is not replay's record itself (see docs/performance.md, "Eager: a recording path per
+operator kind").
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
+
+from singa_jax._src.base.env import flag
+from singa_jax._src.eager import replay
+from singa_jax._src.base.node import Dummy
+from singa_jax._src.base.modes import autocast_dtype, is_grad_enabled, is_training
+from singa_jax._src.eager.replay import Deferred
+from singa_jax._src.tensor.tensor import Tensor
+from singa_jax._src.autodiff import engine
+from singa_jax._src.autodiff.function import (_FLAT, Function, NonDifferentiable, _forward,
+                                              _forward_vjp_kernel, _interned, _op_error,
+                                              _split_state, _kept_pullback, _store_writes)
+from singa_jax._src.autodiff import residuals
+from singa_jax._src.autodiff.residuals import Residuals
+
+__all__ = ["Recipe", "kind_call", "recorded_by_kind", "ENABLED"]
+
+# False (``SINGA_JAX_KIND_RECIPES=0``): every call takes the generic path (for comparisons)
+ENABLED = flag("SINGA_JAX_KIND_RECIPES")
+
+# an operator's attributes that each call sets (the rest is the kind's, for one signature)
+_PER_CALL = frozenset({"name", "src", "y_id2idx", "_pullback", "_flat", "_all_inputs"})
+_RECIPES_KEPT = 64  # per holder (a handle, the table's classes): keys beyond these go generic
+
+
+def _modes() -> Tuple[bool, bool, Any]:
+    return is_grad_enabled(), is_training(), autocast_dtype()
+
+
+class Recipe:
+    """How the last call of one operator kind was recorded, for a call of the same signature.
+
+    ``inputs`` holds per input ``(aval, requires_grad, stores_grad, leaf)``; ``attrs`` the
+    operator's state that is not per call (``static``, the kernel key, the handle, the
+    gradient mask, the output spec...); ``statics`` the kernel's replay statics; ``keeps``
+    whether the call kept a pullback (training mode), ``every`` the mask a direct SINGA-style
+    backward needs when the call skipped inputs."""
+
+    __slots__ = ("cls", "fn", "prefix", "attrs", "modes", "inputs", "device", "statics",
+                 "keeps", "every", "requires_grad", "stateful")
+
+    @classmethod
+    def learn(cls, op: Function, xs: Sequence[Tensor], modes: Tuple) -> Optional["Recipe"]:
+        """The recipe of ``op``'s call on ``xs`` (just made by the generic path), or None for a
+        call this path does not take."""
+        kind = type(op)
+        state = op.__dict__
+        if (not isinstance(op, Function) or isinstance(op, NonDifferentiable)
+                or not op.replayable or len(op.y_id2idx) != 1 or op.tracked
+                or op._several_outputs or (op._declares_state and op.needs_key())
+                or state.get("replay_device", 0) is not None or "_static" not in state):
+            return None
+        device = op.device
+        inputs = []
+        for x in xs:
+            if type(x) is not Tensor or x.device is not device:
+                return None
+            inputs.append((x._data.aval, x.requires_grad, x.stores_grad,
+                           isinstance(x.creator, Dummy)))
+        recipe = object.__new__(cls)
+        recipe.cls, recipe.fn, recipe.prefix, recipe.modes = kind, kind.fn, kind.__name__, modes
+        recipe.attrs = {k: v for k, v in state.items() if k not in _PER_CALL}
+        recipe.inputs, recipe.device = tuple(inputs), device
+        recipe.requires_grad = op.requires_grad
+        recipe.stateful = op._declares_state
+        fn = state.get("_fn", kind.fn)
+        n_args = len(xs) + (len(op.reads()) if op._declares_state else 0)
+        recipe.keeps = state.get("_pullback") is not None
+        if recipe.keeps:
+            extras = (False,) * (n_args - len(xs))
+            recipe.statics = _interned((fn, op._static, op._diff + extras,
+                                        len(op.writes()) if op._declares_state else 0))
+            every = state.get("_all_inputs")
+            recipe.every = None if every is None else every[1]
+        else:
+            recipe.statics = _interned((fn, op._static))
+            recipe.every = None
+        return recipe
+
+    def record(self, xs: Sequence[Tensor]) -> Optional[Tensor]:
+        """The output Tensor of this kind's operator on ``xs`` -- made as the generic path
+        makes it -- or None when the call's signature is not this recipe's."""
+        # (the modes are part of the recipe's key in its holder: see kind_call)
+        if len(xs) != len(self.inputs) or not replay.active() or \
+                self.cls.fn is not self.fn:  # (the class's function replaced since)
+            return None
+        device = self.device
+        src = []
+        for x, (aval, requires_grad, stores_grad, leaf) in zip(xs, self.inputs):
+            if type(x) is not Tensor or x.device is not device or x.tracked or \
+                    x.requires_grad != requires_grad or x.stores_grad != stores_grad:
+                return None
+            creator = x.creator
+            if isinstance(creator, Dummy) is not leaf or x._data.aval != aval:
+                return None
+            src.append((creator, id(x), x if stores_grad else None, stores_grad))
+        n = engine._op_names[0]
+        engine._op_names[0] = n + 1
+        op = object.__new__(self.cls)
+        state = op.__dict__
+        state.update(self.attrs)
+        state["name"] = f"{self.prefix}#{n}"
+        state["src"] = src
+        args = tuple([x._data for x in xs])
+        writes = ()
+        if self.stateful:
+            writes = op.writes()
+            args += tuple([t._data for t in op.reads()])
+        try:
+            if self.keeps:
+                ys, pullback, new_state = replay.run(_forward_vjp_kernel, self.statics, args,
+                                                     device)
+                if type(ys) is Deferred and type(pullback) is Residuals:  # recorded
+                    # the pullback as the leaves a fused walk takes, gathered now: the walk
+                    # reads them as they are
+                    state["_pullback"] = _FLAT
+                    state["_flat"] = (residuals.leaves(pullback, args, (ys,)),
+                                      pullback.layout[0])
+                else:
+                    state["_pullback"] = _kept_pullback(pullback, args, ys, device)
+                    state["_flat"] = None
+                state["_all_inputs"] = None if self.every is None else (args, self.every)
+            else:
+                ys = replay.run(_forward, self.statics, args, device)
+                new_state = ()
+                if writes:
+                    ys, new_state = _split_state(ys, len(writes))
+        except (TypeError, ValueError) as e:  # (a signature that worked before: not expected)
+            raise _op_error(self.prefix, args, state.get("static", {}), e) from None
+        _store_writes(writes, new_state)
+        y = op._output(ys, 0, device, self.requires_grad, True)  # (the engine's, as generic)
+        state["y_id2idx"] = {id(y): 0}
+        return y
+
+
+def recorded_by_kind(cls: type) -> bool:
+    """Whether calls of the op class ``cls`` may be recorded from recipes: a
+    :class:`~.function.Function` with a gradient whose forward eager replay may record."""
+    return issubclass(cls, Function) and not issubclass(cls, NonDifferentiable) and \
+        bool(cls.replayable)
+
+
+def kind_call(holder: Optional[Dict[Hashable, Any]], key: Hashable, make: Callable[[], Function],
+              xs: Sequence[Tensor]) -> Tensor:
+    """``make()(*xs)[0]``: the output of the operator of the kind ``holder[key]`` on ``xs`` --
+    recorded from the kind's recipe when the call's signature is the last call's, else by the
+    generic path, which leaves the recipe of this call. ``holder`` (a handle's or the op
+    table's dict; None: the generic path only) keeps one recipe per key and modes (grad,
+    training, autocast)."""
+    if holder is None or not ENABLED:
+        return make()(*xs)[0]
+    # one recipe per mode too: a training loop's evaluation in between (or PyTorch-style
+    # no_grad) leaves the training call's recipe in place
+    modes = _modes()
+    key = (key, modes)
+    recipe = holder.get(key)
+    if recipe is not None:
+        y = recipe.record(xs)
+        if y is not None:
+            return y
+    if not replay.active():
+        return make()(*xs)[0]
+    op = make()
+    y = op(*xs)[0]
+    if recipe is not None or len(holder) < _RECIPES_KEPT:
+        holder[key] = Recipe.learn(op, xs, modes)
+    return y

@@ -1,0 +1,775 @@
+"""Eager replay: a recurring sequence of eager operators runs as one compiled program.
+
+An eager operator costs the host tens of microseconds between the user's call and the kernel's
+dispatch; on an accelerator that, not the arithmetic, sets the speed of a dispatch-bound model.
+Replay removes the per-kernel dispatch from a sequence that recurs (an evaluation forward; a
+training step's forward, fused backward walk and update), keeping eager semantics whole:
+
+* **Record.** An operator whose kernel's outputs are known for its static arguments and input
+  shapes/dtypes (traced once per signature, :func:`_abstract_outputs`; a kernel whose trace
+  fails runs at once and raises there) is not run: its kernel call is appended to the
+  thread's pending *segment* and its outputs are :class:`Deferred` placeholders with their
+  shape and dtype. Tensors hold them as their ``_data``; a Tensor's shape, dtype and creator
+  graph are there at once.
+* **Flush.** The segment runs when a value is needed: a Tensor's ``array`` is read (``to_numpy``,
+  ``scalar``, printing, a NumPy call, an operator that is not replayable, Python control flow on
+  a value), a backward pass or an optimizer update starts that is not recorded itself (a fused
+  walk and the update that follows it are: see :func:`soften`), an optimizer's call ends, a
+  Model call ends, graph mode or a transaction begins, another device is used, or the segment
+  reaches :data:`MAX_RECORDS` -- on an accelerator, a piece of
+  :data:`~singa_jax._src.backend.xla_options.REPLAY_PIECE_CALLS` calls: the device runs each piece while the
+  host records the next. Every output still referenced is computed and every Tensor
+  rebound to its array, so after a flush no Tensor holds a placeholder.
+* **Soft outputs.** A recorded backward walk marks the pullback states it read *soft*: a soft
+  output no Tensor holds is not computed at the flush (only pullbacks hold it, and the walk has
+  used it), so a training step's residuals never leave its program; the segment keeps its
+  calls and inputs, and a later read of such a value (a second backward through the same
+  graph) reruns the segment op by op (:meth:`_Segment.recompute`).
+* **Only long sequences.** A thread records only while its last sequence (the kernels between
+  two flushes) had at least :data:`MIN_RECORDS` kernels; shorter ones run op by op, which on a
+  CPU overlaps each kernel with the Python of the next op.
+* **Replay.** A flushed segment is keyed by its kernels, static arguments, input shapes/dtypes
+  and dataflow. The first time a key is seen the kernels run one by one; when it recurs it is
+  compiled into ONE program (each kernel inlined, returning the outputs still referenced) that
+  later flushes of the same key call with the new inputs. A changed sequence (another branch,
+  another shape) is another key: it runs op by op and, if it recurs, gets its own program. A
+  segment that cannot be compiled (a kernel reading values on the host) runs op by op from
+  then on.
+* **Speculation.** Where a recurring segment's remaining outside inputs can be predicted (see
+  :class:`_Plan`), its program is called before the recording ends -- in a Model call, right
+  after its first kernel -- and the device runs it while the host records the rest; its
+  outputs are used only if every input turned out to be the predicted array.
+
+``autograd.eager_replay(False)`` (a scope or decorator) or ``SINGA_JAX_EAGER_REPLAY=0`` runs
+every operator at once, op by op; ``autograd.replay_speculation(False)`` (a scope or decorator)
+or ``SINGA_JAX_REPLAY_SPECULATE=0`` turns speculation off. Results equal op-by-op execution up
+to XLA's fusion rounding (identical float32 results on the CPU in the tests). This module knows no operators: callers hand
+it a kernel ``call`` and its static arguments.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import operator
+import os
+import sys
+import threading
+from weakref import ref as _weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+
+try:  # the concrete jax.Array class: an exact type test is the cheapest per-input check
+    from jax._src.array import ArrayImpl as _ArrayImpl
+except ImportError:  # another JAX layout: nothing is recorded (every op runs at once)
+    class _ArrayImpl:  # type: ignore[no-redef]
+        pass
+
+from singa_jax._src.base.env import flag
+from singa_jax._src.base.modes import (current_trace_hook, in_compile_time_eval, is_eager_replay,
+                                       is_grad_enabled, is_replay_speculating, is_training)
+from singa_jax._src.backend.xla_options import (kernel, launches_in_thread, no_trace_running,
+                                                replay_piece_calls)
+
+__all__ = ["Deferred", "run", "flush", "bind", "bind_all", "pending", "soften", "resolve_tree",
+           "call_arguments", "stats", "MAX_RECORDS", "MIN_RECORDS", "COMPILE_ON"]
+
+# a segment is flushed when it holds this many kernel calls (a loop that never reads a value
+# would otherwise record without end)
+MAX_RECORDS = 4096
+# Sequences (the kernels between two flushes: a model call's forward, an evaluation) shorter
+# than this are not recorded: the next one runs op by op. On the CPU each op-by-op kernel runs
+# on the second core while Python builds the next op; a short recorded sequence gives that
+# overlap up and saves few dispatches (SINGA's eager MLP step, 6 forward kernels: 1.24x slower
+# recorded, measured in one run); a long one saves a dispatch per kernel (the 100-block network,
+# 303). Decided per thread at each flush from the sequence that just ended.
+MIN_RECORDS = 32
+# a segment key is compiled on this occurrence (the first runs op by op: most sequences that
+# occur once never recur, and compiling them would only cost)
+COMPILE_ON = 2
+
+
+class Deferred:
+    """The value of a recorded kernel output: its aval now, its array once its segment flushed."""
+
+    __slots__ = ("aval", "shape", "dtype", "segment", "index", "value", "soft")
+
+    def __init__(self, aval: Any, segment: "_Segment", index: int):
+        # (the aval's own size/ndim properties are slow: hundreds of us for a pullback's avals)
+        self.aval, self.shape, self.dtype = aval, aval.shape, aval.dtype
+        self.segment, self.index, self.value = segment, index, None
+        # an input of a later kernel of its own segment held only for a backward that may
+        # come again (a pullback's residual, see soften): computed at the flush only when a
+        # Tensor still holds it, else on demand (recompute)
+        self.soft = False
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def weak_type(self) -> bool:
+        return self.aval.weak_type
+
+    def get(self) -> jax.Array:
+        """The array (flushing the segment that computes it if it has not run; a soft value
+        its segment's program did not return is recomputed)."""
+        if self.value is None:
+            self.segment.flush()
+            if self.value is None:
+                self.value = self.segment.recompute()[self.index]
+        return self.value
+
+    def __repr__(self) -> str:
+        state = "pending" if self.value is None else "computed"
+        return f"Deferred({self.aval.str_short()}, {state})"
+
+
+class _Step:
+    """A node of the tree of every recorded sequence: the sequence of kernel calls that leads to
+    it from the root, one edge per call, keyed by ``(call, statics, inputs)`` -- each input an
+    index into the segment's outputs (the dataflow) or the aval of an outside input. A segment
+    walks down the tree as it records, so at its flush the node it reached IS its key: nothing is
+    rebuilt or hashed per flush, and a call recorded again at a position seen before finds its
+    outputs' structure on the edge."""
+
+    __slots__ = ("key", "parent", "next", "treedef", "avals", "single", "programs", "plan",
+                 "speculate", "last", "fails", "wait")
+
+    def __init__(self, key: Optional[Tuple], known: Optional[Tuple[Any, Tuple]],
+                 parent: Optional["_Step"] = None):
+        self.key = key  # (call, statics, inputs) of the call that leads here
+        self.parent = parent
+        self.next: Dict[Tuple, "_Step"] = {}
+        # the outputs of the call that leads here: treedef, leaf avals, and whether it is one leaf
+        self.treedef, self.avals = known if known is not None else (None, ())
+        self.single = known is not None and self.treedef.num_leaves == 1 and \
+            self.treedef.num_nodes == 1
+        # for a segment that ends here, by the outputs still referenced at its flush: the
+        # flushes so far (an int), then the compiled program (after COMPILE_ON), or _UNCOMPILABLE
+        self.programs: Dict[Optional[Tuple[int, ...]], Any] = {}
+        # speculation (see _Plan): on a node where segments end, the plan that predicts their
+        # outside inputs, what the last flush here saw (to learn one), the attempts that
+        # failed since the last hit and the flushes to wait before the next; on the node
+        # where a plan's predictions begin, that plan
+        self.plan: Optional["_Plan"] = None
+        self.speculate: Optional["_Plan"] = None
+        self.last: Optional[Tuple] = None
+        self.fails = self.wait = 0
+
+
+_ROOT = _Step(None, None)
+
+
+class _Segment:
+    """The pending kernel calls of one thread on one device."""
+
+    __slots__ = ("device", "limit", "calls", "step", "externals", "leaves", "tensors", "bound",
+                 "done", "soft", "recomputed", "arguments", "spec")
+
+    def __init__(self, device: Any):
+        self.device = device
+        # calls after which it is dispatched: on an accelerator, a piece of a sequence that
+        # keeps no backward state (an evaluation forward), which runs while the host records
+        # the next (see xla_options.REPLAY_PIECE_CALLS); else MAX_RECORDS
+        piece = None if is_training() and is_grad_enabled() else \
+            replay_piece_calls(getattr(device, "platform", "cpu"))
+        self.limit = MAX_RECORDS if piece is None else min(piece, MAX_RECORDS)
+        # (call, statics, inputs): each input an int (an earlier output's index in ``leaves``)
+        # or, for an outside input, its aval (the array itself is the next of ``externals``)
+        self.calls: List[Tuple[Callable, Tuple, Tuple]] = []
+        self.step = _ROOT  # where the calls so far lead in the tree of sequences
+        self.externals: List[jax.Array] = []
+        self.leaves: List[Deferred] = []
+        # Tensors to rebind at the flush (weakly held) and the outputs they hold
+        self.tensors: List[Any] = []
+        self.bound: List[int] = []
+        self.done = False
+        self.soft = False  # whether any output is soft (see soften)
+        self.recomputed: Optional[List[jax.Array]] = None  # every output, once recomputed
+        # the arrays of the Model call that records this segment (see call_arguments), and
+        # the program run ahead on predicted inputs (see _speculate): (plan, inputs, outputs)
+        self.arguments, _local.arguments = _local.arguments, ()
+        self.spec: Optional[Tuple["_Plan", List[Any], Any]] = None
+
+    def flush(self, full: bool = False) -> None:
+        """Run the recorded calls and rebind the Tensors holding their outputs; ``full``: the
+        segment reached its :attr:`limit`, the sequence goes on (recording stays on)."""
+        if self.done:
+            return
+        self.done = True
+        if _local.segment is self:
+            _local.segment = None
+            if not full:
+                _sequence_ended(len(self.calls))
+        if not self.calls:
+            return
+        leaves = self.leaves
+        programs = self.step.programs
+        # the Tensors still holding an output of this segment (not rebound since, e.g. by a
+        # rolled-back step restoring its old array), with the output each holds
+        held = []
+        for ref, i in zip(self.tensors, self.bound):
+            t = ref()
+            if t is not None and t._data is leaves[i]:
+                held.append((t, i))
+        live = _referenced(leaves)
+        if self.soft and live is not None:
+            # less the soft outputs no Tensor holds (only pullbacks, which the recorded
+            # backward walk of this segment has served)
+            kept = {i for _, i in held}
+            live = tuple([i for i in live if not leaves[i].soft or i in kept])
+        if live not in programs and len(programs) >= _OUTPUT_SETS:
+            live = None  # (this sequence ends with ever other outputs referenced: all of them)
+        program = programs.get(live)
+        if program is None or type(program) is int:
+            seen = (program or 0) + 1
+            program = _compile(self, live) if seen >= COMPILE_ON else None
+            programs[live] = seen if program is None else program
+        # the program already running on predicted inputs, if they were the inputs after all
+        values = _speculated(self, live) if self.spec is not None else None
+        if values is None and program is not None and program is not _UNCOMPILABLE:
+            try:
+                values = program(*self.externals)
+            except Exception:  # noqa: BLE001  (e.g. a kernel that reads values on the host)
+                programs[live] = _UNCOMPILABLE
+                values = None
+        if values is not None:
+            _stats["replayed"] += 1
+            _learn(self, live, values)
+            if live is not None:  # only what is referenced came back
+                for i, v in zip(live, values):
+                    leaves[i].value = v
+                values = ()
+        if values is None:
+            values = _op_by_op(self.calls, self.externals)
+            _stats["op_by_op"] += 1
+        for d, v in zip(leaves, values):
+            d.value = v
+        for t, i in held:
+            t._data = leaves[i].value
+        # the Tensors this flush rebound (see _Plan: a later segment's input that one of them
+        # still holds is predicted as that Tensor's array then); read only when a plan is
+        # learnt, so kept as the list of weak references it is
+        _local.rebound = self.tensors
+        # the inputs are dropped now, unless a soft output was not computed: then they are
+        # kept while the segment lives, for recompute
+        if not (self.soft and any([d.value is None for d in leaves if d.soft])):
+            self.calls = self.externals = ()
+        self.tensors = self.bound = self.leaves = self.arguments = ()
+
+    def recompute(self) -> List[jax.Array]:
+        """Every output of the flushed segment, run op by op from its inputs again: for a soft
+        output its program did not return (a second backward through a graph whose first
+        walk was recorded). Kept while the segment lives."""
+        if self.recomputed is None:
+            if not self.calls:
+                raise RuntimeError("eager replay: a value of a flushed segment was asked for "
+                                   "that its program did not compute")
+            self.recomputed = _op_by_op(self.calls, self.externals)
+            _stats["recomputed"] += 1
+        return self.recomputed
+
+
+# the sets of referenced outputs a sequence gets programs for; then one returning every output
+_OUTPUT_SETS = 4
+_refcount = getattr(sys, "getrefcount", None)
+_probe = [object()]
+# what sys.getrefcount reports, in _referenced's comprehension, for an object that only the
+# segment's list of outputs holds
+_UNREFERENCED = [_refcount(d) for d in _probe][0] if _refcount is not None else 0
+del _probe
+
+
+def _referenced(leaves: List["Deferred"]) -> Optional[Tuple[int, ...]]:
+    """The indices of the outputs something outside the segment still references (a Tensor, a
+    pullback's residuals, a caller), or None (every output) where reference counts are not
+    known. Nothing can read the others: the segment's program need not return them, and XLA
+    need not even materialise them (an evaluation forward's intermediates)."""
+    if _refcount is None:
+        return None
+    counts = [_refcount(d) for d in leaves]
+    return tuple([i for i, c in enumerate(counts) if c > _UNREFERENCED])
+
+
+_UNCOMPILABLE = object()
+# kernel signature (call, statics, input avals) -> (outputs' treedef, leaf avals), from tracing
+# the kernel once (:func:`_abstract_outputs`), or _UNKNOWN
+_OUTPUTS: Dict[Tuple, Any] = {}
+_UNKNOWN = object()
+
+
+def _abstract_outputs(call: Callable, statics: Tuple, avals: Tuple) -> Any:
+    """``(treedef, leaf avals)`` of ``call(*statics, *args)`` for inputs of ``avals``, by
+    abstract evaluation (a trace, which the kernel's first real call reuses): a kernel is then
+    recorded the first time it is met, and the segment around it goes on. Before, a kernel had
+    to run once first, and running it flushed the segment -- with SINGA's ResNet-50 (50 kernel
+    signatures) each forward learnt a few and ran op by op after (an NVIDIA H200: eager == op
+    by op after 12 steps). :data:`_UNKNOWN` where the trace fails: the call then runs at once
+    and raises its error where the operator was called."""
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    try:
+        out = jax.eval_shape(lambda *xs: call(*statics, *xs), *specs)
+    except Exception:  # noqa: BLE001  (the real call reports it)
+        return _UNKNOWN
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    return treedef, tuple([jax.core.ShapedArray(leaf.shape, leaf.dtype,
+                                                weak_type=leaf.weak_type) for leaf in leaves])
+
+
+# ---------------------------------------------------------------------------------------------
+# Speculation: a recurring segment's program starts before its recording ends.
+#
+# A replayed program is dispatched at the flush, once the host has recorded the whole
+# sequence: on an accelerator the device idles for all of the step's Python (SINGA's ResNet-50
+# on an H200: ~12 ms of a 35 ms step). But the inputs of a recurring training step are mostly
+# known early: parameters, buffers and optimizer slots are the outputs of the previous step's
+# program, hyperparameters are the same arrays as last time, and the batch is the Model call's
+# arguments. So when a segment reaches the point after which every outside input can be
+# predicted (a _Plan, learnt from two flushes of the same sequence), the program is called
+# there on the predicted inputs, and runs on the device while the host records the rest. At the
+# flush its outputs are used only if the segment recorded exactly that sequence and every
+# outside input IS (identity, not equality) the predicted array: the outputs are then those
+# the program would have computed from those very arrays. Otherwise they are dropped, and the
+# program runs on the recorded inputs as before. A plan that keeps missing is dropped.
+
+
+class _Plan:
+    """How to predict the outside inputs of a segment ending at ``end`` from the point
+    (``trigger``, after the call that binds the last unpredictable input, ``start`` inputs
+    bound) onwards. ``sources``: per later input, ``(_AGAIN, k)`` the segment's input ``k``
+    again, ``(_OUTPUT, j)`` output ``j`` of the program's last run (``values``),
+    ``(_SAME, array)`` the same array as last time, ``(_ARGUMENT, (i, aval))`` array ``i`` the
+    Model call started with (see :func:`call_arguments`), if it still has that aval,
+    ``(_HELD, ref)`` the array the Tensor ``ref()`` holds (a parameter another segment's program
+    updated: an evaluation forward after training steps)."""
+
+    __slots__ = ("end", "trigger", "live", "start", "sources", "values", "misses")
+
+    def __init__(self, end: _Step, trigger: _Step, live: Optional[Tuple[int, ...]], start: int,
+                 sources: List[Tuple[int, Any]], values: List[Any]):
+        self.end, self.trigger, self.live, self.start = end, trigger, live, start
+        self.sources, self.values = sources, values
+        self.misses = 0  # in a row
+
+
+# where a predicted input comes from (see _Plan)
+_AGAIN, _OUTPUT, _SAME, _ARGUMENT, _HELD = range(5)
+# mispredictions in a row that drop a plan
+_MISSES = 2
+# the longest wait, in flushes, before learning again after failed attempts (it doubles with
+# each: a sequence whose inputs cannot be predicted costs little)
+_LONGEST_WAIT = 64
+# calls that must be left to record after a plan's trigger: one (a user's loop's loss reads the
+# batch's labels, and after it come only the walk, the update and the step: three calls, but
+# most of the step's Python after the forward)
+_MIN_AHEAD = 1
+
+
+def call_arguments(values: Sequence[Any]) -> None:
+    """The arrays a Model call starts with -- its arguments (the batch), then its declared
+    state (parameters, buffers, optimizer state) -- by position: the segment it records next
+    may find its inputs among them (see _Plan). ``()`` forgets them."""
+    _local.arguments = tuple(values)
+
+
+def _speculate(segment: _Segment, plan: _Plan) -> None:
+    """Call ``plan``'s program on the segment's inputs so far and the predicted rest."""
+    predicted = list(segment.externals)
+    program = plan.end.programs.get(plan.live)
+    if len(predicted) != plan.start or program is None or type(program) is int or \
+            program is _UNCOMPILABLE:
+        return
+    arguments, values = segment.arguments, plan.values
+    for kind, x in plan.sources:
+        if kind == _AGAIN:
+            v = predicted[x]
+        elif kind == _OUTPUT:
+            v = values[x]
+        elif kind == _SAME:
+            v = x
+        else:
+            if kind == _HELD:
+                t = x()
+                v, aval = (None if t is None else t._data), None
+            else:  # _ARGUMENT
+                i, aval = x
+                v = arguments[i] if i < len(arguments) else None
+            if type(v) is not _ArrayImpl or (aval is not None and v.aval != aval):
+                # (e.g. a smaller last batch; or a loop that makes no Model call and would
+                # need another plan: a second time in a row drops this one)
+                _missed(plan)
+                return
+        predicted.append(v)
+    if launches_in_thread(getattr(segment.device, "platform", "cpu")):
+        outputs = _launch_in_thread(program, predicted)
+    else:
+        try:
+            outputs = program(*predicted)
+        except Exception:  # noqa: BLE001  (e.g. a predicted array deleted since: none run)
+            return
+    segment.spec = (plan, predicted, outputs)
+
+
+_launcher: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_launcher_lock = threading.Lock()
+
+
+def _forget_launcher() -> None:
+    global _launcher, _launcher_lock
+    _launcher, _launcher_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # a forked child has no launching thread: it makes its own
+    os.register_at_fork(after_in_child=_forget_launcher)
+
+
+def _launch_in_thread(program: Callable, inputs: List[Any]) -> concurrent.futures.Future:
+    """``program(*inputs)`` called from replay's launching thread (see
+    ``xla_options.LAUNCHES_IN_THREAD``): a Future of its outputs, or of None where that thread
+    would not run the very executable this one would (another JAX context: e.g. a matmul
+    precision scope) or the call failed."""
+    global _launcher
+    if _launcher is None:
+        with _launcher_lock:
+            if _launcher is None:
+                _launcher = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="singa_jax-replay-launch")
+    # The launching thread needs the GIL to start the call (and to return from it), which the
+    # recording thread hands over only every switch interval (5 ms by default): shortened
+    # while a launch is pending.
+    interval = sys.getswitchinterval()
+    if interval > _LAUNCH_SWITCH_INTERVAL:
+        sys.setswitchinterval(_LAUNCH_SWITCH_INTERVAL)
+    return _launcher.submit(_launch, program.jitted_now(), _jax_context(), inputs, interval)
+
+
+_LAUNCH_SWITCH_INTERVAL = 0.0002  # seconds
+
+
+def _launch(jitted: Callable, context: Any, inputs: List[Any], interval: float
+            ) -> Optional[Any]:
+    try:
+        if context is None or _jax_context() != context:
+            return None
+        return jitted(*inputs)
+    except Exception:  # noqa: BLE001  (e.g. a predicted array deleted since: none run)
+        return None
+    finally:
+        if interval > _LAUNCH_SWITCH_INTERVAL:
+            sys.setswitchinterval(interval)
+
+
+try:  # the thread's JAX settings that key jit's executables
+    from jax._src.config import trace_context as _jax_context
+except ImportError:  # (another JAX layout: never launched from the thread)
+    def _jax_context() -> Any:
+        return None
+
+
+def _speculated(segment: _Segment, live: Optional[Tuple[int, ...]]) -> Optional[List[Any]]:
+    """The outputs of the segment's speculated program if its predictions held, else None."""
+    plan, predicted, outputs = segment.spec
+    segment.spec = None
+    externals = segment.externals
+    if segment.step is plan.end and live == plan.live and len(externals) == len(predicted) \
+            and all(map(operator.is_, externals, predicted)):
+        if type(outputs) is concurrent.futures.Future:
+            outputs = outputs.result()  # (launched by now, as a rule)
+            if outputs is None:  # (not run there: the program runs now)
+                return None
+        plan.misses = plan.end.fails = 0
+        _stats["speculated"] += 1
+        return outputs
+    _stats["mispredicted"] += 1
+    _missed(plan)
+    return None
+
+
+def _missed(plan: _Plan) -> None:
+    # (one miss, e.g. where the training loop's phase changed -- an evaluation, a checkpoint
+    # loaded -- keeps the plan; a second in a row drops it)
+    plan.misses += 1
+    if plan.misses >= _MISSES:
+        _drop(plan)
+
+
+def _drop(plan: _Plan) -> None:
+    if plan.trigger.speculate is plan:
+        plan.trigger.speculate = None
+    end = plan.end
+    if end.plan is plan:
+        end.plan = None
+        _failed(end)
+
+
+def _failed(end: _Step) -> None:
+    end.fails += 1
+    end.wait = min(2 ** end.fails, _LONGEST_WAIT)
+    end.last = None
+
+
+def _holders(refs: Sequence[Any]) -> Dict[int, Any]:
+    """id of the array each live Tensor of ``refs`` (weak references) holds -> its reference."""
+    holders = {}
+    for ref in refs:
+        t = ref()
+        if t is not None:
+            holders[id(t._data)] = ref
+    return holders
+
+
+def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]) -> None:
+    """After a segment's program ran: keep its outputs for its plan's predictions, or learn a
+    plan from this run and the last of the same sequence."""
+    end = segment.step
+    plan = end.plan
+    if plan is not None and plan.trigger.speculate is plan:
+        if plan.live == live:
+            plan.values = values
+        return
+    end.plan = None
+    if not is_replay_speculating():
+        return
+    if end.wait > 1:
+        end.wait -= 1
+        return
+    externals = segment.externals
+    last, end.last = end.last, (live, [id(e) for e in externals], values)
+    if end.wait == 1 or last is None or last[0] != live:
+        end.wait = 0
+        return
+    _, last_ids, last_values = last
+    outputs = {id(v): j for j, v in enumerate(last_values)}
+    arguments = {id(a): i for i, a in enumerate(segment.arguments)}
+    holders = _holders(_local.rebound)  # (the flush before this one's)
+    first: Dict[int, int] = {}
+    sources: List[Any] = []
+    unknown = -1
+    for k, e in enumerate(externals):
+        i = id(e)
+        holder = holders.get(i)
+        if first.setdefault(i, k) != k:
+            sources.append((_AGAIN, first[i]))
+        elif i in arguments:
+            sources.append((_ARGUMENT, (arguments[i], e.aval)))
+        elif i in outputs:
+            sources.append((_OUTPUT, outputs[i]))
+        elif holder is not None and getattr(holder(), "_data", None) is e:
+            sources.append((_HELD, holder))
+        elif k < len(last_ids) and last_ids[k] == i:
+            sources.append((_SAME, e))
+        else:
+            sources.append(None)
+            unknown = k
+    # the trigger: the call that binds the last unpredictable input (or the first call)
+    bound = 0
+    calls = segment.calls
+    for depth, (_, _, inputs) in enumerate(calls, 1):
+        bound += sum([type(r) is not int for r in inputs])
+        if bound > unknown:
+            break
+    if len(calls) - depth < _MIN_AHEAD:  # (nothing much would run ahead)
+        _failed(end)
+        return
+    trigger = end
+    for _ in range(len(calls) - depth):
+        trigger = trigger.parent
+    end.last = None
+    end.plan = trigger.speculate = _Plan(end, trigger, live, bound, sources[bound:], values)
+
+
+_stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0, "recomputed": 0,
+          "speculated": 0, "mispredicted": 0}
+
+
+class _Local(threading.local):
+    segment: Optional[_Segment] = None
+    arguments: Tuple = ()  # see call_arguments
+    rebound: Sequence[Any] = ()  # the Tensors the last flush rebound (weak references)
+    recording = True  # whether the last sequence between two flushes was long (MIN_RECORDS)
+    ran = 0  # kernels run at once since the last flush
+
+
+def _sequence_ended(recorded: int) -> None:
+    """At a flush: decide from the sequence just ended (its kernels recorded and run at once)
+    whether the next one is recorded."""
+    total = recorded + _local.ran
+    if total:
+        _local.recording = total >= MIN_RECORDS
+        _local.ran = 0
+
+
+_local = _Local()
+_ENV_OFF = not flag("SINGA_JAX_EAGER_REPLAY")
+
+
+def active() -> bool:
+    """Whether an operator called now may be recorded (replay on, no trace running)."""
+    return (not _ENV_OFF and is_eager_replay() and current_trace_hook() is None
+            and not in_compile_time_eval() and no_trace_running())
+
+
+def _op_by_op(calls: Sequence[Tuple], externals: Sequence[jax.Array]) -> List[jax.Array]:
+    values: List[jax.Array] = []
+    outside = iter(externals)
+    for call, statics, inputs in calls:
+        args = [values[r] if type(r) is int else next(outside) for r in inputs]
+        values.extend(jax.tree_util.tree_leaves(call(*statics, *args)))
+    return values
+
+
+def _compile(segment: _Segment, live: Optional[Tuple[int, ...]]) -> Any:
+    """The segment's kernels as one jitted program of its external inputs, returning the output
+    leaves numbered in ``live`` (every output leaf of every kernel, in order, for None)."""
+    calls = list(segment.calls)
+
+    def program(*externals):
+        values = _op_by_op(calls, externals)
+        return values if live is None else [values[i] for i in live]
+
+    _stats["compiled"] += 1
+    # (compiled as every eager kernel is: a recorded walk's convolution gradients then run
+    # in the same forms as op by op)
+    return kernel(program)
+
+
+def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any:
+    """``call(*statics, *args)``, or its recording when the same kernel has run before on inputs
+    of the same shapes and dtypes. ``args`` are arrays or :class:`Deferred` values; ``statics``
+    are hashable; ``device`` is the inputs' Device when the caller found replay :func:`active`
+    (the engine asks once per operator), None to run at once. Returns the kernel's output
+    pytree, with Deferred leaves when recorded."""
+    if device is None:
+        return call(*statics, *resolve_all(args))
+    local = _local
+    if not local.recording:  # short sequences run at once (see MIN_RECORDS)
+        local.ran += 1
+        return call(*statics, *resolve_all(args))
+    segment = local.segment
+    own = segment if segment is not None and segment.device is device else None
+    inputs = []  # per input: an output index of this segment, or the aval of an outside value
+    for a in args:
+        kind = type(a)
+        if kind is Deferred:
+            inputs.append(a.index if a.segment is own else a.aval)
+        elif kind is _ArrayImpl:
+            inputs.append(a.aval)
+        else:  # a tracer, a NumPy array, a host value: not replayable
+            return call(*statics, *resolve_all(args))
+    inputs = tuple(inputs)
+    key = (call, statics, inputs)
+    parent = _ROOT if own is None else own.step
+    step = parent.next.get(key)
+    if step is None:  # a call not recorded at this point of a sequence before
+        signature = (call, statics, tuple([a.aval for a in args]))
+        known = _OUTPUTS.get(signature)
+        if known is None:  # a kernel signature not seen before: its outputs by tracing
+            known = _OUTPUTS[signature] = _abstract_outputs(call, statics, signature[2])
+        if known is _UNKNOWN:  # (its trace failed: run at once, the call raises its error)
+            local.ran += 1
+            return call(*statics, *resolve_all(args))
+        step = parent.next.setdefault(key, _Step(key, known, parent))
+    if own is None:
+        if segment is not None:
+            segment.flush()
+        segment = local.segment = _Segment(device)
+    externals = segment.externals
+    for a, r in zip(args, inputs):
+        if type(r) is not int:
+            externals.append(a.get() if type(a) is Deferred else a)
+    leaves = segment.leaves
+    start = len(leaves)
+    if step.single:
+        out = Deferred(step.avals[0], segment, start)
+        leaves.append(out)
+    else:
+        outs = [Deferred(aval, segment, start + i) for i, aval in enumerate(step.avals)]
+        leaves.extend(outs)
+        out = step.treedef.unflatten(outs)
+    # the node's own key (the one just built for the lookup is dropped: less for the GC)
+    segment.calls.append(step.key)
+    segment.step = step
+    _stats["recorded"] += 1
+    if step.speculate is not None and segment.spec is None and is_replay_speculating() and \
+            segment.limit == MAX_RECORDS:  # (a piece runs while the next is recorded already)
+        _speculate(segment, step.speculate)
+    if len(segment.calls) >= segment.limit:
+        segment.flush(full=True)
+    return out
+
+
+def bind(tensor: Any, value: Deferred) -> None:
+    """Make ``tensor`` hold ``value`` until its segment flushes (then its array). The segment
+    holds the Tensor weakly: one nobody keeps (an intermediate result) dies, and then so does
+    the need to compute its value."""
+    if value.value is None:
+        tensor._data = value
+        segment = value.segment
+        segment.tensors.append(_weakref(tensor))
+        segment.bound.append(value.index)
+    else:
+        tensor._data = value.value
+
+
+def bind_all(tensors: Sequence[Any], values: Sequence[Any]) -> None:
+    """:func:`bind` each of ``tensors`` to its value of ``values`` -- a :class:`Deferred` or,
+    for a kernel run at once, an array -- in one pass (an update rebinds every parameter and
+    slot of a model)."""
+    for t, v in zip(tensors, values):
+        if type(v) is Deferred:
+            bind(t, v)
+        else:
+            t._data = v
+
+
+def pending(device: Any) -> bool:
+    """Whether this thread is recording a segment on ``device`` now (a kernel handed to
+    :func:`run` with it may join it)."""
+    segment = _local.segment
+    return segment is not None and segment.device is device and _local.recording and \
+        not segment.done
+
+
+def soften(values: Sequence[Any]) -> None:
+    """Mark the pending :class:`Deferred` values among ``values`` soft: inputs of a kernel just
+    recorded in their own segment (a backward walk's pullback states) that nothing but
+    pullbacks will read, unless a second backward comes. The segment's program then does not
+    return them (unless a Tensor holds one); a later read recomputes them (see
+    :meth:`_Segment.recompute`)."""
+    segment = _local.segment
+    if segment is None:
+        return
+    for v in values:
+        if type(v) is Deferred and v.segment is segment and v.value is None:
+            v.soft = True
+            segment.soft = True
+
+
+def flush() -> None:
+    """Run this thread's pending segment, if any (every Tensor then holds an array)."""
+    segment = _local.segment
+    if segment is not None:
+        segment.flush()
+    else:
+        _sequence_ended(0)
+
+
+def resolve_all(args: Sequence[Any]) -> List[Any]:
+    """``args`` with every Deferred replaced by its array (flushing as needed)."""
+    return [a.get() if type(a) is Deferred else a for a in args]
+
+
+def resolve_tree(tree: Any) -> Any:
+    """``tree`` with every Deferred leaf replaced by its array (flushing as needed)."""
+    return jax.tree_util.tree_map(lambda a: a.get() if type(a) is Deferred else a, tree)
+
+
+def stats() -> Dict[str, int]:
+    """Counters since start: kernel calls recorded, segments replayed by a compiled program or
+    run op by op, programs compiled, flushed segments rerun for a soft output (recomputed)."""
+    return dict(_stats)

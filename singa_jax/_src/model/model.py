@@ -1,0 +1,720 @@
+"""SINGA's ``model`` module: :class:`Model`, a Layer that trains itself.
+
+Usage is SINGA's::
+
+    class MLP(model.Model):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.relu, self.fc2 = layer.Linear(256), layer.ReLU(), layer.Linear(10)
+            self.loss = layer.SoftMaxCrossEntropy()
+
+        def forward(self, x):
+            return self.fc2(self.relu(self.fc1(x)))
+
+        def train_one_batch(self, x, y):
+            out = self.forward(x)
+            loss = self.loss(out, y)
+            self.optimizer(loss)
+            return out, loss
+
+    m = MLP()
+    m.set_optimizer(opt.SGD(lr=0.05, momentum=0.9))
+    m.compile([placeholder_x], is_train=True, use_graph=True)
+    out, loss = m(x, y)          # training: train_one_batch, one compiled XLA program per step
+    m.eval(); out = m(x)          # evaluation: forward, compiled too
+
+With ``use_graph=True`` (:meth:`compile` or :meth:`graph`) :mod:`singa_jax._src.graph.runner` compiles a call
+into one ``jax.jit`` program; otherwise every operator runs eagerly. Both give the same numbers.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from functools import wraps
+from types import MethodType
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from singa_jax._src.model import checkpoint
+from singa_jax._src.base import checks, modes
+from singa_jax._src.eager import replay
+from singa_jax._src.runtime import device as device_mod
+from singa_jax._src.autodiff.autocast import compute_dtype
+from singa_jax._src.graph.runner import NOT_CACHED, GraphModeError, GraphRunner, ProgramNotKept
+from singa_jax._src.graph.layout import tensors_in
+from singa_jax._src.backend.tiers import tiered_compilation
+from singa_jax._src.layers.base import Layer, LayerMeta, concrete_initialization
+from singa_jax._src.model import state_ahead
+from singa_jax._src.dist.dist import spmd_of
+from singa_jax._src.dist.spmd import bring_state_home, state_entered_mesh
+from singa_jax._src.graph.transaction import StepTransaction
+from singa_jax._src.tensor.tensor import Tensor
+from singa_jax._src.tensor.functions import from_numpy
+from singa_jax._src.optim.optimizers import Optimizer
+from singa_jax._src.dist.dist import DistOpt
+
+__all__ = ["ModelMeta", "Model", "GraphModeError", "tiered_compilation"]
+
+
+_NO_SCOPE = contextlib.nullcontext()
+
+
+def _leads_with_tensor(args: Sequence[Any]) -> bool:
+    """Whether the first argument is a Tensor or a list/tuple whose first item is one: SINGA's
+    condition for running a call in graph mode."""
+    first = args[0] if args else None
+    if isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    return isinstance(first, Tensor)
+
+
+class ModelMeta(LayerMeta):
+    """Like SINGA's: wraps every subclass's ``train_one_batch`` so that in graph mode a training
+    call runs as one compiled program (see :mod:`singa_jax._src.graph.runner`)."""
+
+    @staticmethod
+    def buffer_operation(func):
+        @wraps(func)
+        def wrapper(self, *args, **kwargs):
+            if self._graph_runner.active:  # inside a trace (this model's or another's): inline
+                return func(self, *args, **kwargs)
+            graph = self.graph_mode and self.training
+            if graph and not _leads_with_tensor(args):
+                raise ValueError(f"{type(self).__name__}.train_one_batch: graph mode expects "
+                                 f"a Tensor (or a list of Tensors) as first argument, got "
+                                 f"{type(args[0]).__name__ if args else 'no arguments'}")
+            return self._step(MethodType(func, self), "train_one_batch", args, kwargs, graph)
+
+        wrapper.__wrapped_step__ = func
+        return wrapper
+
+    def __new__(mcs, name, bases, attrs):
+        if "train_one_batch" in attrs:
+            attrs["train_one_batch"] = ModelMeta.buffer_operation(attrs["train_one_batch"])
+        return super().__new__(mcs, name, bases, attrs)
+
+
+class Model(Layer, metaclass=ModelMeta):
+    """Base class of a trainable network (SINGA's ``model.Model``).
+
+    Subclasses define ``forward`` and ``train_one_batch``. Calling the model runs
+    ``train_one_batch`` in training mode and ``forward`` in evaluation mode.
+    """
+
+    # SINGA's constants for its checkpoint format (paths inside the zip, state types)
+    TENSOR_DICT_FILENAME = "/" + checkpoint.TENSOR_DICT_FILENAME
+    STATES_ATTR_FILENAME = "/" + checkpoint.STATES_ATTR_FILENAME
+    MODEL_STATE_TYPE = checkpoint.MODEL_STATE_TYPE
+    AUX_STATE_TYPE = checkpoint.AUX_STATE_TYPE
+
+    def __init__(self):
+        super().__init__()
+        self.training = True
+        self.graph_mode = True
+        self.sequential = False
+        self._buffered = False
+        self._results = None
+        self._graph_runner = GraphRunner(type(self).__name__)
+        self._autocast = None  # the compute dtype of compile(autocast=...)
+
+    # --- set-up --------------------------------------------------------------------------------
+    def compile(self, inputs: Sequence[Tensor], is_train: bool = True, use_graph: bool = False,
+                sequential: bool = False, autocast: Any = None) -> None:
+        """Initialise every layer from the placeholder ``inputs`` and choose the mode.
+
+        Args:
+            inputs: a list of input Tensors (placeholders) of the shapes ``forward`` takes.
+            is_train: enter training (True) or evaluation mode.
+            use_graph: compile each ``train_one_batch`` / evaluation call into one XLA program.
+            sequential: accepted for SINGA compatibility (XLA schedules the operators).
+            autocast: ``'bfloat16'`` or ``'float16'``: every call of the model (training and
+                evaluation, eager and graph mode) runs inside ``autograd.autocast`` of that
+                dtype -- products in half precision, parameters and optimizer slots float32,
+                float16 with dynamic loss scaling (see docs/mixed_precision.md). None (the
+                default): the dtypes of the inputs and parameters, as in SINGA.
+
+        The placeholders run through ``forward`` once in evaluation mode, which creates every
+        parameter (as SINGA's buffered-and-discarded forward does) without touching batch-norm
+        statistics. That forward is traced on shapes only and the parameters are filled on the
+        host: no program is compiled per layer (see :func:`_initialize`). With
+        ``is_train=False`` and ``use_graph=True`` the evaluation step -- ``forward`` on inputs
+        like the placeholders -- is compiled here too (:meth:`compile_step`), so the first
+        ``model(x)`` runs at once; a training step takes arguments compile() is not given (the
+        labels, ...): :meth:`compile_step` compiles it ahead when asked.
+        """
+        if not isinstance(inputs, (list, tuple)) or not inputs:
+            raise TypeError(f"{type(self).__name__}.compile: expects a non-empty list of input "
+                            f"Tensors (placeholders), got {type(inputs).__name__}")
+        for i, x in enumerate(inputs):
+            if not isinstance(x, Tensor):
+                raise TypeError(f"{type(self).__name__}.compile: input {i} must be a Tensor, got "
+                                f"{type(x).__name__}")
+        compute = compute_dtype(autocast, f"{type(self).__name__}.compile")
+        self._autocast = compute
+        prev = modes.is_training()
+        modes.set_training(False)
+        try:
+            with modes.autocast_mode(compute) if compute is not None else _NO_SCOPE:
+                _initialize(self, inputs)
+        finally:
+            modes.set_training(prev)
+        self.train(is_train)
+        self.graph(use_graph, sequential)
+        if use_graph and not is_train:
+            # the evaluation step is known: forward on inputs like the placeholders
+            try:
+                self.compile_step(*inputs)
+            except GraphModeError:
+                pass  # a forward that branches on values: its first call says so, as before
+
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Use ``optimizer`` (SINGA's examples call it as ``self.optimizer(loss)``)."""
+        self.optimizer = optimizer
+
+    # --- the two methods subclasses implement -----------------------------------------------------
+    def forward(self, *input):
+        """The forward pass; subclasses implement it."""
+        raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
+
+    def train_one_batch(self, *input, **kwargs):
+        """One training iteration (forward, loss, optimizer); subclasses implement it."""
+        raise NotImplementedError(f"{type(self).__name__}.train_one_batch is not implemented")
+
+    # --- modes -----------------------------------------------------------------------------------
+    def train(self, mode: bool = True) -> None:
+        """Enter training mode (``mode=True``) or evaluation mode; sets ``autograd.training``."""
+        self.training = bool(mode)
+        modes.set_training(bool(mode))
+
+    def eval(self) -> None:
+        """Enter evaluation mode."""
+        self.train(False)
+
+    def graph(self, mode: bool = True, sequential: bool = False) -> None:
+        """Turn whole-step compilation on or off; ``sequential`` is accepted and ignored (XLA
+        orders the operators)."""
+        self.graph_mode = bool(mode)
+        self.sequential = bool(sequential)
+
+    def export_step(self, platforms: Sequence[str] = ("cuda", "tpu"), training: bool = True
+                    ) -> jax.export.Exported:
+        """The graph-mode program of this model's last compiled training step
+        (``training=False``: evaluation forward) lowered for ``platforms`` with
+        :func:`jax.export.export`; the platforms need not be present, so a CPU machine can check
+        that the step lowers for GPU and TPU. The model must have run that call once in graph
+        mode (see docs/model.md); a DistOpt step is not supported."""
+        return self._graph_runner.export("train_one_batch" if training else "forward",
+                                         platforms)
+
+    def __get_name__(self) -> str:
+        return type(self).__name__
+
+    def __call__(self, *input, **kwargs):
+        if self.training:
+            return self.train_one_batch(*input, **kwargs)
+        if self._graph_runner.active:
+            return self.forward(*input, **kwargs)
+        return self._step(self.forward, "forward", input, kwargs,
+                          self.graph_mode and _leads_with_tensor(input))
+
+    def compile_step(self, *args: Any, **kwargs: Any) -> bool:
+        """Compile now, without running it, the graph-mode program of the call
+        ``model(*args, **kwargs)`` -- ``train_one_batch`` in training mode, ``forward`` in
+        evaluation mode --, so that the first such call (arguments of the same shapes, dtypes,
+        devices and non-tensor values) runs at the speed of every later one. Nothing the step
+        would change is changed: parameters, optimizer state and device keys keep their values,
+        and the step's Python code runs only as a trace (its Python side effects happen, as in
+        the first call's trace). Returns True when the program is compiled; False when the step
+        meets state that only running it can make (a layer first built inside
+        ``train_one_batch``): then the first call compiles it, as without ``compile_step``.
+
+        ``compile()`` cannot do this for a training step by itself: it is given the inputs of
+        ``forward``, not the labels or other arguments of ``train_one_batch`` (see
+        docs/model.md). In evaluation mode with ``use_graph=True`` it compiles ``forward`` for
+        its placeholders itself."""
+        owner = f"{type(self).__name__}.compile_step"
+        if not self.graph_mode:
+            raise RuntimeError(f"{owner}: the model is not in graph mode (compile it with "
+                               f"use_graph=True, or call model.graph(True)); an eager call "
+                               f"compiles each operator's kernel as it first meets it")
+        if not _leads_with_tensor(args):
+            raise ValueError(f"{owner}: graph mode expects a Tensor (or a list of Tensors) as "
+                             f"first argument, got "
+                             f"{type(args[0]).__name__ if args else 'no arguments'}")
+        if self.training:
+            wrapper = getattr(type(self), "train_one_batch", None)
+            func = getattr(wrapper, "__wrapped_step__", None)
+            if func is None:
+                raise NotImplementedError(f"{owner}: {type(self).__name__}.train_one_batch is "
+                                          f"not implemented")
+            fn, name = MethodType(func, self), "train_one_batch"
+        else:
+            fn, name = self.forward, "forward"
+        # the trace may add layers and attributes (a layer built inside the step): if its
+        # program is not kept, every layer's attributes are put back as they were
+        layers = [(lay, dict(vars(lay)), dict(lay.__dict__.get("_layers", {})))
+                  for lay in _layer_tree(self)]
+        try:
+            self._step(fn, name, args, kwargs, True, compile_only=True)
+        except ProgramNotKept:
+            for lay, attrs, sublayers in layers:
+                vars(lay).clear()
+                vars(lay).update(attrs)
+                vars(lay)["_layers"] = sublayers
+            return False
+        return True
+
+    def _step(self, fn: Callable, name: str, args: tuple, kwargs: dict, graph: bool,
+              compile_only: bool = False) -> Any:
+        """One call of ``train_one_batch`` or ``forward``: in this model's own training mode
+        (whatever other threads set), compiled when ``graph``, and as a transaction -- if it
+        raises, every parameter, buffer, optimizer state and device key is what it was before
+        (see :mod:`singa_jax._src.graph.transaction`). ``compile_only``: see :meth:`compile_step`."""
+        if self._autocast is not None:  # the whole call, graph mode's key included
+            with modes.autocast_mode(self._autocast):
+                return self._run_step(fn, name, args, kwargs, graph, compile_only)
+        return self._run_step(fn, name, args, kwargs, graph, compile_only)
+
+    def _run_step(self, fn: Callable, name: str, args: tuple, kwargs: dict, graph: bool,
+                  compile_only: bool = False) -> Any:
+        replay.flush()  # every state Tensor holds an array when the step starts
+        declared, static, optimizers = self._declared_state()
+        if graph and spmd_of(static) is not None:  # DistOpt's step: the state goes on the mesh
+            state_entered_mesh(self)
+        else:  # other calls compute on the rank's device: state on the mesh is brought there
+            bring_state_home(self, declared, self.training)
+        if not graph:
+            arrays = [t._data for t in declared]  # (the transaction's too: read once)
+            # (a recurring step's program may start on them before its recording ends)
+            replay.call_arguments([a._data for a in (*args, *kwargs.values())
+                                   if isinstance(a, Tensor)] + arrays)
+            try:
+                with self._transaction(declared, optimizers, arrays=arrays):
+                    result = fn(*args, **kwargs)
+            finally:
+                replay.call_arguments(())
+            # an eager call's recorded kernels run now, as one program once the call recurs
+            # (asynchronously: nothing here waits for them)
+            replay.flush()
+            return result
+        runner = self._graph_runner
+        runner.spmd = spmd_of(static)  # a DistOpt's step runs as one SPMD program
+        if compile_only:
+            with self._transaction(declared, optimizers, arrays=False):
+                self._trace_step(fn, name, args, kwargs, compile_only=True)
+            self._settle_state_ahead(optimizers)
+            return None
+        # Report the skipped updates of earlier steps whose report has reached the host
+        # (nothing waits: see Optimizer._expect_skip_report)
+        for optimizer in optimizers:
+            optimizer._before_compiled_step()
+        # A cached program runs no Python op code (no mode to set) and changes nothing unless it
+        # runs to the end: only a call that traces needs the transaction.
+        ran = runner.run_cached(name, args, kwargs, declared, self.training, static)
+        if ran is NOT_CACHED:
+            with self._transaction(declared, optimizers, arrays=False):
+                ran = self._trace_step(fn, name, args, kwargs)
+            self._settle_state_ahead(optimizers)
+        result, failed, reports = ran
+        for optimizer, report in zip(optimizers, reports):
+            optimizer._expect_skip_report(report)
+        checks.raise_first_failure(failed)  # the step applied nothing (see _checked)
+        return result
+
+    def _trace_step(self, fn: Callable, name: str, args: tuple, kwargs: dict,
+                    compile_only: bool = False) -> Any:
+        """Trace the call in graph mode (inside its transaction) and run it -- or, with
+        ``compile_only``, only compile it. A training step's optimizer state is made first
+        (:meth:`_make_state_ahead`), so that the trace meets no new state: one trace, one XLA
+        compilation."""
+        provisional = self._make_state_ahead()
+        declared, static, optimizers = self._declared_state()  # with what was just made
+        runner = self._graph_runner
+        run = runner.prepare if compile_only else runner.run
+        try:
+            return run(_checked(fn, optimizers), name, args, kwargs, declared, self.training,
+                       static, provisional)
+        finally:
+            if provisional:
+                unused = runner.unused_provisional
+                for optimizer in _plain_optimizers(optimizers):
+                    state_ahead.drop(optimizer, unused)
+
+    @staticmethod
+    def _settle_state_ahead(optimizers: List[Any]) -> None:
+        """After a traced call that did not fail: the state made ahead for it is the
+        optimizers' own now (see :mod:`.opt.state_ahead`)."""
+        for optimizer in _plain_optimizers(optimizers):
+            state_ahead.settle(optimizer)
+
+    def _make_state_ahead(self) -> List[Tensor]:
+        """Before graph mode first traces a training step: every optimizer's state for this
+        model's trainable parameters (step counter, guard state, slots, float16 loss scale),
+        made now rather than by the step's first update, so that the trace takes it as input.
+        Returns the Tensors made (those the step then does not use are dropped again). A
+        DistOpt's SPMD step places its state on the mesh itself and is left as it is."""
+        if not self.training:
+            return []
+        _, static, optimizers = self._declared_state()
+        if spmd_of(static) is not None:
+            return []
+        params = [p for p in self.get_params().values() if p.stores_grad]
+        made: List[Tensor] = []
+        for optimizer in _plain_optimizers(optimizers):
+            made += state_ahead.make(optimizer, params)
+        return made
+
+    @contextlib.contextmanager
+    def _transaction(self, declared: Sequence[Tensor], optimizers: List[Any], arrays: Any
+                     ) -> Iterator[None]:
+        """The block in this model's training mode, undone if it raises (``arrays=False`` in
+        graph mode, whose failed trace restores the state arrays itself; eagerly, the arrays
+        ``declared`` holds)."""
+        undo = StepTransaction(declared, _with_wrapped(optimizers), self._uninitialised_layers(),
+                               arrays=arrays)
+        with modes.training_mode(self.training), undo:
+            yield
+
+    def _uninitialised_layers(self) -> List[Layer]:
+        """Layers of this model not yet initialised (a first call initialises them). Once all
+        are, nothing is walked again until the model's structure changes."""
+        if self.__dict__.get("_initialised_at") == self._structure_version:
+            return []
+        pending = [layer for layer in _layer_tree(self)
+                   if not layer.__dict__.get("_initialized", False)]
+        if not pending:
+            self.__dict__["_initialised_at"] = self._structure_version
+        return pending
+
+    # --- graph mode ------------------------------------------------------------------------------
+    def _optimizers(self) -> List[Any]:
+        """Optimizers held by the model's attributes (their Tensors are part of a step's state)."""
+        kinds = (Optimizer, DistOpt)
+        return [v for v in vars(self).values() if isinstance(v, kinds)]
+
+    def _state_tensors(self) -> List[Tensor]:
+        """The Tensors of ``get_states()``: the layers alone say what their state is (a layer
+        that overrides ``get_params``/``get_states`` is asked through its override). Walked
+        only when the structure changed (see :meth:`_declared_state`), so the name dict costs
+        nothing per step."""
+        if not self.__dict__.get("_initialized", False):
+            # before the model's first forward, a get_states override may read attributes its
+            # initialize() creates (SINGA's char_rnn example adds its LSTM states) -- SINGA
+            # never asks then; the generic walk sees every layer initialised so far
+            return list(Layer.get_states(self).values())
+        return list(self.get_states().values())
+
+    def _declared_state(self) -> Tuple[Tuple[Tensor, ...], Tuple, List[Any]]:
+        """The step's declared state -- the layers' tensors and, in training, every optimizer's
+        --, what the optimizers bake into a compiled step (their ``_static_key``) and the
+        optimizers (none in evaluation).
+
+        Cached until an attribute of this model or of any layer in its tree is assigned (the
+        model's own ``structure_version``, which every such assignment bumps) or an optimizer's
+        attributes or state set change (its ``states_version``); a compiled step runs no layer
+        or optimizer code, so in steady state the cache always holds, no tree is walked and the
+        same tuple is returned (the graph runner keys on its identity)."""
+        cached = self.__dict__.get("_declared_cache")
+        if cached is not None and cached[0] == self._structure_version and \
+                cached[1] == self.training:
+            for optimizer, version in cached[2]:
+                if optimizer.states_version != version:
+                    break
+            else:
+                return cached[3]
+        version = self._structure_version  # before anything below assigns
+        declared = self._state_tensors()
+        optimizers = self._optimizers() if self.training else []
+        for optimizer in optimizers:
+            # the Tensors an optimizer may REPLACE (slots, step counter; set_states makes new
+            # ones) must be declared so that a replacement retraces; those it only rebinds
+            # (the guard state, lr_value, ...) are declared too, so that the first trace takes
+            # them as inputs (found by the trace instead, they would make it trace again)
+            declared += tensors_in(optimizer.get_states())
+            for inner in _plain_optimizers([optimizer]):
+                declared += inner._rebound_state()
+        static = tuple(o._static_key() for o in optimizers)
+        opt_versions = [(o, o.states_version) for o in optimizers]
+        # stored without __setattr__, which would bump the structure version
+        self.__dict__["_declared_cache"] = (version, self.training, opt_versions,
+                                            (tuple(declared), static, optimizers))
+        return self.__dict__["_declared_cache"][3]
+
+    # --- checkpoints -----------------------------------------------------------------------------
+    def save_states(self, fpath: str, aux_states: Dict[str, Any] = {},  # noqa: B006 (SINGA's)
+                    overwrite: bool = False) -> None:
+        """Save the model's states (parameters and buffers) and ``aux_states`` (e.g. the epoch or
+        ``optimizer.get_states()``; Tensors, arrays or numbers) to the zip ``fpath`` in SINGA's
+        format (see :mod:`singa_jax._src.model.checkpoint`). An existing file is replaced only with
+        ``overwrite=True``; the write is atomic."""
+        checkpoint.save_states(fpath, self.get_states(), aux_states, overwrite=overwrite)
+
+    def load_states(self, fpath: str) -> Dict[str, Tensor]:
+        """Load states saved by :meth:`save_states` (here or in SINGA) and return the auxiliary
+        states as ``{name: Tensor}``. The file must hold exactly this model's state names and
+        shapes; otherwise ValueError and nothing changes."""
+        model_states, aux = checkpoint.read_states(fpath)
+        checkpoint.check_against(type(self).__name__, self.get_states(), model_states, fpath)
+        self.set_states(model_states)
+        return {k: from_numpy(v) for k, v in aux.items()}
+
+    # --- JAX interop: the model as a pure function (see docs/jax_interop.md) ---------------------
+    def functional(self) -> Tuple[Callable[..., Tuple[Any, Dict[str, Any]]],
+                                  Dict[str, jax.Array], Dict[str, jax.Array]]:
+        """``apply, params, state = m.functional()``: this model as a pure JAX function.
+
+        ``params`` (trainable parameters) and ``state`` (buffers such as batch-norm running
+        statistics) are dicts of the current ``jax.Array``s keyed by SINGA's names (those of
+        :meth:`get_params` / :meth:`get_states`). ``apply(params, state, *inputs,
+        training=False, key=None) -> (outputs, new_state)`` runs :meth:`forward` on the given
+        values (the model's own tensors are untouched) and returns its outputs as arrays and
+        the state it leaves; ``key`` is the PRNG key of dropout and other random draws (an error
+        names it when a call needs one). ``jax.jit``, ``jax.grad``, ``jax.vmap``,
+        ``jax.checkpoint`` and sharded inputs work over it; :meth:`load_functional` writes
+        trained values back. The model must be initialised (called once, or compiled).
+        """
+        return _functional(self)
+
+    def load_functional(self, params: Dict[str, Any], state: Optional[Dict[str, Any]] = None
+                        ) -> None:
+        """Write ``params`` (and ``state``) -- arrays keyed by SINGA's names, as
+        :meth:`functional` gives them -- into this model's tensors; every name and shape is
+        checked before anything changes."""
+        self.set_states({**params, **(state or {})})
+
+
+# --- compile()'s initialisation -------------------------------------------------------------------
+def _initialize(model: "Model", inputs: Sequence[Tensor]) -> None:
+    """Run ``forward`` on the placeholders to create every parameter, as SINGA's compile() does.
+
+    The forward is traced on shapes only (``jax.eval_shape``: no kernel of it is compiled or
+    run) while each layer it initialises computes its parameters concretely
+    (``modes.compile_time_eval``), drawing from the device keys in the same order as an eager
+    forward, so the values are the same for a seed. There, on every backend, fills are made by
+    NumPy, key splits and chunk keys by :mod:`.host_prng` and random chunks are cut to shape by
+    NumPy: the only XLA program is the shared random draw (one per kind and dtype, compiled by
+    a process's first compile()). A forward that needs its inputs' values, or that leaves a
+    traced value in the model, runs eagerly instead, from the same keys."""
+    devices = device_mod.all_devices()
+    keys = [d.key for d in devices]
+
+    def forward(*arrays):
+        xs = [Tensor(data=a, device=x.device, requires_grad=x.requires_grad,
+                     stores_grad=x.stores_grad, name=x.name) for a, x in zip(arrays, inputs)]
+        with concrete_initialization():
+            model.forward(*xs)
+
+    try:
+        jax.eval_shape(forward, *[x.array for x in inputs])
+        traced = [t for t in tensors_in(model) if isinstance(t.array, jax.core.Tracer)]
+        if not traced and not any(isinstance(d.key, jax.core.Tracer) for d in devices):
+            return
+    except Exception:  # noqa: BLE001 -- the eager forward below raises any real error clearly
+        pass
+    for d, k in zip(devices, keys):
+        d.key = k
+    for layer in _layer_tree(model):
+        layer.__dict__["_initialized"] = False
+    model.forward(*inputs)
+
+
+def _checked(fn: Callable, optimizers: Sequence[Any] = ()) -> Callable:
+    """``fn`` for graph mode, returning ``(result, checks, skip reports)``: the value checks its
+    ops make while traced (class labels, embedding indices; see :mod:`singa_jax._src.base.checks`) become
+    outputs of the program, and every state tensor and device key the step rewrites keeps its
+    old value unless all of them pass -- so a failing step applies nothing, and raises once it
+    has run. The skip reports are each of ``optimizers``' non-finite guard state after the
+    step, as outputs of their own (see ``Optimizer._expect_skip_report``; None when
+    unguarded)."""
+    def step(*args: Any, **kwargs: Any) -> Tuple[Any, Any, Any]:
+        devices = device_mod.all_devices()
+        with checks.collecting() as found:
+            before = [(d, d.key) for d in devices]
+            watched = _StateWatch()
+            with modes.trace_hook(watched.chain(modes.current_trace_hook())):
+                result = fn(*args, **kwargs)
+        reports = tuple(o._skip_report_output() for o in optimizers)
+        if not found:
+            return result, (), reports
+        ok = checks.all_passed(found)
+        for t, old in watched.first_values.items():
+            t.array = jax.numpy.where(ok, t.array, old)
+        for d, old in before:
+            if d.key is not old:  # only keys the step drew from (a gated key is state to it)
+                d.key = jax.numpy.where(ok, d.key, old)
+        return result, checks.outputs(found), reports
+    return step
+
+
+class _StateWatch(modes.TraceHook):
+    """Inside a traced step: the value each Tensor the step rewrites had before its first
+    write (Tensors the step creates excluded); every event also goes on to the outer hook."""
+
+    def chain(self, outer: Optional[modes.TraceHook]) -> "_StateWatch":
+        self.outer = outer or modes.TraceHook()
+        self.first_values: Dict[Tensor, Any] = {}
+        self.created_ids: set = set()
+        return self
+
+    def read(self, t: Tensor) -> None:
+        self.outer.read(t)
+
+    def write(self, t: Tensor) -> None:
+        if t not in self.first_values and id(t) not in self.created_ids:
+            self.first_values[t] = t._data  # called before the new value is bound
+        self.outer.write(t)
+
+    def created(self, t: Tensor) -> None:
+        self.created_ids.add(id(t))
+        self.outer.created(t)
+
+
+def _with_wrapped(optimizers: List[Any]) -> List[Any]:
+    """The optimizers and, for a DistOpt, the optimizer it wraps (which holds the slots)."""
+    return optimizers + [o.opt for o in optimizers if isinstance(getattr(o, "opt", None),
+                                                                 Optimizer)]
+
+
+def _plain_optimizers(optimizers: List[Any]) -> List[Any]:
+    """The :class:`~singa_jax.opt.Optimizer` objects among ``optimizers`` and those a DistOpt
+    wraps: the ones that hold their own state (slots, step counter, guard state)."""
+    return [o for o in _with_wrapped(optimizers) if isinstance(o, Optimizer)]
+
+
+def _layer_tree(root: Layer) -> List[Layer]:
+    """``root`` and every layer registered below it."""
+    found, stack, seen = [], [root], set()
+    while stack:
+        layer = stack.pop()
+        if id(layer) not in seen:
+            seen.add(id(layer))
+            found.append(layer)
+            stack.extend(layer.__dict__.get("_layers", {}).values())
+    return found
+
+
+# --- the model as a pure function ------------------------------------------------------------
+def _functional(model: Layer) -> Tuple[Callable[..., Tuple[Any, Dict[str, Any]]],
+                                       Dict[str, jax.Array], Dict[str, jax.Array]]:
+    """:meth:`Model.functional` for any initialised Layer."""
+    owner = f"{type(model).__name__}.functional"
+    if not model.__dict__.get("_initialized", False):
+        raise RuntimeError(f"{owner}: the model is not initialised yet (its parameters are "
+                           f"created by the first call); call it once or compile() it first")
+    param_tensors = model.get_params()
+    state_tensors = {k: t for k, t in model.get_states().items() if k not in param_tensors}
+    bound = {**param_tensors, **state_tensors}
+    home = next(iter(bound.values())).device if bound else device_mod.get_default_device()
+    lock = threading.RLock()  # calls of this apply from several threads take turns
+
+    def apply(params: Dict[str, Any], state: Dict[str, Any], *inputs: Any,
+              training: bool = False, key: Optional[jax.Array] = None
+              ) -> Tuple[Any, Dict[str, Any]]:
+        values = {**_checked_values(owner, "params", params, param_tensors),
+                  **_checked_values(owner, "state", state, state_tensors)}
+        with lock, modes.trace_hook(None), modes.training_mode(training), modes.no_grad():
+            version = model.structure_version
+            with _bound_arrays(bound, values), _bound_keys(key) as drew:
+                args = jax.tree_util.tree_map(lambda v: _as_input(v, home), inputs,
+                                              is_leaf=_is_tensor)
+                out = model.forward(*args)
+                outputs = jax.tree_util.tree_map(_as_output, out, is_leaf=_is_tensor)
+                new_state = {k: t.array for k, t in state_tensors.items()}
+            if model.structure_version != version:
+                _clear_traced_tensors(owner, model)
+        if drew[0] and key is None:
+            raise ValueError(f"{owner}: apply drew random numbers (dropout or another random "
+                             f"op, training={training}) but no key was given; pass "
+                             f"key=jax.random.key(...) (apply is pure, so it does not advance "
+                             f"the device's key)")
+        return outputs, new_state
+
+    params = {k: t.array for k, t in param_tensors.items()}
+    state = {k: t.array for k, t in state_tensors.items()}
+    return apply, params, state
+
+
+def _is_tensor(v: Any) -> bool:
+    return isinstance(v, Tensor)
+
+
+def _as_input(v: Any, device: Any) -> Any:
+    """An input leaf of ``apply`` as the model sees it: arrays become Tensors (no copy)."""
+    if isinstance(v, (jax.Array, jax.core.Tracer, np.ndarray)):
+        return Tensor(data=v, device=device, requires_grad=False)
+    return v
+
+
+def _as_output(v: Any) -> Any:
+    return v.array if isinstance(v, Tensor) else v
+
+
+def _checked_values(owner: str, what: str, values: Any, tensors: Dict[str, Tensor]
+                    ) -> Dict[str, Any]:
+    """``values`` must name exactly ``tensors`` with the same shapes (checked before binding)."""
+    if not isinstance(values, dict):
+        raise TypeError(f"{owner}: apply's {what} must be a dict {{name: array}}, got "
+                        f"{type(values).__name__}")
+    missing, unknown = sorted(set(tensors) - set(values)), sorted(set(values) - set(tensors))
+    if missing or unknown:
+        raise ValueError(f"{owner}: apply's {what} must have exactly the model's names; missing "
+                         f"{missing}, unknown {unknown}")
+    for name, v in values.items():
+        if tuple(jax.numpy.shape(v)) != tensors[name].shape:
+            raise ValueError(f"{owner}: apply's {what}[{name!r}] has shape "
+                             f"{tuple(jax.numpy.shape(v))}, expected {tensors[name].shape}")
+    return values
+
+
+@contextlib.contextmanager
+def _bound_arrays(tensors: Dict[str, Tensor], values: Dict[str, Any]) -> Iterator[None]:
+    """Bind each Tensor to its given value for the block; the original arrays come back however
+    it ends, so no tracer is ever left in the model (as graph mode's ``_restore``)."""
+    originals = {name: t.array for name, t in tensors.items()}
+    try:
+        for name, t in tensors.items():
+            t.array = values[name]
+        yield
+    finally:
+        for name, t in tensors.items():
+            t.array = originals[name]
+
+
+@contextlib.contextmanager
+def _bound_keys(key: Optional[jax.Array]) -> Iterator[List[bool]]:
+    """Every Device draws from ``key`` (folded with the device's index) in this thread for the
+    block, without touching the devices' own keys (graph mode's per-thread keys, see
+    ``modes.traced_keys``). With ``key=None`` the devices' current keys are lent and not
+    advanced. Yields a list that receives, on exit, whether anything was drawn."""
+    devices = device_mod.all_devices()
+    keys = modes.traced_keys(create=True)
+    saved = {d: keys[d] for d in devices if d in keys}
+    start = {}
+    for i, d in enumerate(devices):
+        current = d.key
+        start[d] = current if key is None else (jax.random.fold_in(key, i) if i else key)
+        keys[d] = (start[d], current)
+    drew: List[bool] = []
+    try:
+        yield drew
+    finally:
+        drew.append(any(keys[d][0] is not start[d] for d in devices if d in keys))
+        for d in devices:
+            if d in saved:
+                keys[d] = saved[d]
+            else:
+                keys.pop(d, None)
+
+
+def _clear_traced_tensors(owner: str, model: Layer) -> None:
+    """A call that changed the model's structure may have stored Tensors created from the
+    given values (tracers under a JAX transformation): reset those to zeros and say so."""
+    leaked = [t for t in tensors_in(model) if isinstance(t._data, jax.core.Tracer)]
+    if leaked:
+        for t in leaked:
+            t.array = jax.numpy.zeros(t.shape, t.dtype)
+        raise RuntimeError(f"{owner}: apply stored traced values in {[t.name for t in leaked]} "
+                           f"(a layer initialised or kept a Tensor during the call); call the "
+                           f"model once (or compile it) before functional()")

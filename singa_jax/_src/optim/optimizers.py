@@ -1,0 +1,898 @@
+"""The optimizers of ``singa_jax.opt``: :class:`Optimizer`, :class:`SGD`, :class:`RMSProp`,
+:class:`AdaGrad` and :class:`Adam`.
+
+Holds the :class:`Optimizer` base with its hyper-parameters, step counter, per-parameter slots
+and ``get_states``/``set_states``, and the state helpers ``_state_tensor`` and ``_param_name``;
+the update rules and kernels they call are in :mod:`~singa_jax._src.optim.update`. How state is kept
+and keyed is described in the package docstring (:mod:`singa_jax.opt`).
+"""
+from __future__ import annotations
+
+import operator
+import sys
+import warnings
+import weakref
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from singa_jax._src.autodiff.engine import backward as _backward
+from singa_jax._src.runtime.device import Device
+from singa_jax._src.base.dtypes import is_inexact
+from singa_jax._src.base.modes import autocast_dtype, current_trace_hook
+from singa_jax._src.tensor.tensor import Tensor
+from singa_jax._src.eager import replay
+from singa_jax._src.optim.schedules import (_HYPER_SPECS, DecayScheduler, _advance, _as_schedule,
+                                            _eval_schedules)
+
+
+from singa_jax._src.optim.update import (UpdateRule, _adagrad_rule, _adam_rule,
+                                         _advance_unless_skipped, _fused_update, _rmsprop_rule,
+                                         _sgd_rule, SEPARATE_TEST_FROM, _finite_test)
+from singa_jax._src.optim.replayed_update import (record_update, recording_device,
+                                                  step_recording_device)
+from singa_jax._src.eager.replay import Deferred
+from singa_jax._src.base.dtypes import float32, to_dtype
+
+
+class NonFiniteStepWarning(RuntimeWarning):
+    """An optimizer skipped a step whose gradients (or loss) held NaN or inf."""
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer base
+# --------------------------------------------------------------------------------------------
+_KEY_SEP = "/"  # get_states() key of a slot: "<slot kind>/<param key>", e.g. "moments/W"
+# The non-finite guard's state: one float32 Tensor ``_skip_state`` of these three fields (one
+# Tensor, so a compiled step carries one more small array, not three): how many updates were
+# skipped, 1 while an update since the last step() was skipped (step() then keeps the counter),
+# and the step_counter value of the last skipped update (for the warning). Float32 counts are
+# exact up to 2**24 skipped steps.
+_SKIP_FIELDS = ("skipped", "pending", "last_skipped_step")
+# float16 loss scaling's state: one float32 Tensor ``_loss_scale`` of these two fields, made at
+# the first update under ``autograd.autocast('float16')``: the scale, and the count of clean
+# (finite) updates since the scale last changed.
+_SCALE_FIELDS = ("scale", "clean_steps")
+# graph mode's guard reports kept until read (see Optimizer._expect_skip_report): a host that runs
+# this many steps ahead of the device drops the oldest
+_PENDING_REPORTS = 4
+
+
+def _caller_outside_singa_jax() -> int:
+    """The ``stacklevel`` that makes a warning issued by this function's caller point at the
+    first frame outside singa_jax (the user's call, however deep the library's path to it)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("singa_jax"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _backend_started() -> bool:
+    """Whether a JAX backend runs already (then an optimizer makes its state at once)."""
+    from jax._src import xla_bridge  # no public query exists; it is a plain flag read
+    return xla_bridge.backends_are_initialized()
+
+
+def _state_tensor(data: jax.Array, device: Optional[Device]) -> Tensor:
+    return Tensor(device=device, data=data, requires_grad=False)
+
+
+def _param_name(p: Tensor) -> Any:
+    """SINGA's slot name of a parameter: its name, or its id when it has none."""
+    return p.name if p.name is not None else id(p)
+
+
+_param_of, _grad_of, _name_of = (operator.itemgetter(i) for i in (1, 2, 0))
+_aval_of = operator.attrgetter("_data.aval")
+_device_of = operator.attrgetter("device")
+
+
+class _UpdateLayout:
+    """What an update's checks and slot lookup depend on, read in C-level passes over its
+    ``(name, param, grad)`` triples: the params (by identity), their names, avals and devices,
+    the grads' avals (the params' own: the usual pairs), the slot kinds and the optimizer's
+    states version. An update whose layout equals the last checked one's takes that one's slot
+    Tensors with its checks skipped, since nothing they read has changed -- a param's or
+    grad's shape or dtype, a name, a device, a slot made or replaced (the version), or a slot
+    holding an array of another aval or device (:meth:`Optimizer._remembered_slots` reads those
+    each time): an eager loop's every update after its first. Only for a class that keeps
+    Optimizer's own checks and slots."""
+
+    __slots__ = ("key", "params", "slot_tensors", "flat_slots", "slot_avals", "slot_devices")
+
+    @classmethod
+    def of(cls, optimizer: "Optimizer", triples: Sequence[Tuple[Any, Tensor, Tensor]],
+           kinds: Sequence[str]) -> Optional["_UpdateLayout"]:
+        """The layout of an update of ``triples``, or None where it is not remembered (pairs
+        that are not two Tensors of one aval, a class with checks or slots of its own)."""
+        kind = type(optimizer)
+        if kind._check_pair is not Optimizer._check_pair or \
+                kind._get_slot is not Optimizer._get_slot or \
+                kind._slot_key is not Optimizer._slot_key:
+            return None
+        params, grads = list(map(_param_of, triples)), list(map(_grad_of, triples))
+        types = set(map(type, params))
+        types.update(map(type, grads))
+        if types != {Tensor}:
+            return None
+        avals = list(map(_aval_of, params))
+        if list(map(_aval_of, grads)) != avals:
+            return None
+        layout = object.__new__(cls)
+        layout.key = (list(map(id, params)), list(map(_name_of, triples)), avals,
+                      list(map(_device_of, params)), tuple(kinds), optimizer.states_version)
+        layout.params = params  # (held, so that their ids stay theirs)
+        return layout
+
+    def remember(self, optimizer: "Optimizer", slot_tensors: List[List[Tensor]]) -> None:
+        """Keep this layout, checked, with its slot Tensors as ``optimizer``'s last."""
+        self.key = self.key[:-1] + (optimizer.states_version,)  # (after slots were made)
+        self.slot_tensors = slot_tensors
+        self.flat_slots = [t for slots in slot_tensors for t in slots]
+        self.slot_avals = list(map(_aval_of, self.flat_slots))
+        self.slot_devices = list(map(_device_of, self.flat_slots))
+        # (not an attribute assignment, which would bump the states version)
+        optimizer.__dict__["_update_layout"] = self
+
+
+class Optimizer:
+    """Base optimizer (SINGA's): a learning rate schedule, a step counter and per-param slots.
+
+    Args:
+        lr: learning rate, a number or a :class:`DecayScheduler` of the step count.
+        dtype: SINGA's parameter dtype of the optimizer (kept for API compatibility; every
+            param is updated in its own dtype, with at least float32 arithmetic).
+
+    Non-finite steps: while ``skip_nonfinite`` is True (the default), an update whose
+    gradients -- or loss, for ``opt(loss)`` -- hold NaN or inf changes nothing: parameters,
+    slots and ``step_counter`` keep their values (decided inside the fused kernel, without a
+    host sync). ``skipped_steps`` (an int32 Tensor of shape (1,)) counts such steps, and a
+    :class:`NonFiniteStepWarning` names each one at the next optimizer call (or graph-mode
+    step) after it has finished. ``opt.skip_nonfinite = False`` restores SINGA's behaviour
+    (the NaN is applied). A user subclass overriding :meth:`apply` is never guarded.
+
+    float16 loss scaling: an optimizer called inside ``autograd.autocast('float16')`` (or by a
+    Model compiled with ``autocast='float16'``) back-propagates ``loss * scale``, divides the
+    gradients by ``scale`` in the fused update, and on a non-finite gradient skips the step
+    (counted in ``skipped_steps``, even with ``skip_nonfinite = False``; not warned about: it
+    is how the scale finds its level) and halves the scale; after
+    ``loss_scale_growth_interval`` clean updates in a row it doubles it. The scale starts at
+    ``init_loss_scale``, is readable as :attr:`loss_scale` and is saved by :meth:`get_states`
+    (key ``loss_scale``) once it exists.
+
+    Subclasses declare ``_rule`` (a pure update of one param, see ``_sgd_rule``), the names of
+    their slots (``_slot_kinds``) and call :meth:`_init_hypers` for their hyper-parameters. A
+    user subclass may instead override :meth:`apply` (SINGA's way); :meth:`call` then applies
+    it parameter by parameter.
+    """
+
+    _rule: Optional[UpdateRule] = None
+    _slot_kinds: Tuple[str, ...] = ()
+    skip_nonfinite: bool = True  # skip (and count) steps with NaN/inf gradients or loss
+    init_loss_scale: float = 2.0 ** 16  # float16 loss scaling (PyTorch's GradScaler's values)
+    loss_scale_growth_interval: int = 2000
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._bump_states_version()
+        if name in self.__dict__.get("_hyper_names", ()):
+            # a new schedule (or number) for a hyper-parameter: validated like the
+            # constructor's, and its *_value follows at once
+            object.__setattr__(self, name, _as_schedule(type(self).__name__, name, value))
+            self._refresh_values()
+            return
+        object.__setattr__(self, name, value)
+
+    def _static_key(self) -> Tuple:
+        """What a compiled step bakes in of this optimizer (its rule's switches and schedules):
+        graph mode keys its programs on it, so assigning ``sgd.lr = ...`` compiles anew."""
+        return (type(self), self._config(), tuple(self._schedules()), self._guarded())
+
+    def _bump_states_version(self) -> None:
+        # read from __dict__: a subclass may assign attributes before calling __init__
+        version = self.__dict__.get("states_version", 0)
+        object.__setattr__(self, "states_version", version + 1)
+
+    def __init__(self, lr: Any, dtype: Any = float32):
+        # Per-object counter, bumped whenever the set of state Tensors may change (an attribute
+        # assigned, a slot created, set_states): graph mode re-collects an optimizer's state
+        # only then (Model reads ``optimizer.states_version``).
+        object.__setattr__(self, "states_version", self.__dict__.get("states_version", 0))
+        self.dtype = to_dtype(dtype)
+        self._hyper_names: List[str] = []
+        self._key_owner: Dict[str, "weakref.ref[Tensor]"] = {}
+        # step_counter and the *_value tensors are made on first use (see __getattr__), so that
+        # constructing an optimizer starts no JAX backend: DistOpt, wrapping it afterwards, must
+        # call jax.distributed.initialize before the backend starts
+        self._lazy_state: List[str] = ["step_counter", "_skip_state"]
+        self._init_hypers(lr=lr)
+        if _backend_started():
+            self._make_state()
+
+    def __getattr__(self, name: str) -> Any:
+        # reached only when normal lookup fails: a state tensor not made yet
+        if name in self.__dict__.get("_lazy_state", ()):
+            self._make_state()
+            return self.__dict__[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def _make_state(self) -> None:
+        """Create the step counter and the ``*_value`` tensors (at the counter's values)."""
+        lazy = self.__dict__["_lazy_state"]
+        self.__dict__["_lazy_state"] = []
+        if "step_counter" in lazy:
+            self.step_counter = _state_tensor(jnp.zeros((1,), jnp.float32), None)
+            self._skip_state = _state_tensor(jnp.zeros((len(_SKIP_FIELDS),), jnp.float32),
+                                             self.step_counter.device)
+        for name in lazy:
+            if name not in ("step_counter", "_skip_state"):
+                setattr(self, name,
+                        _state_tensor(jnp.zeros((1,), jnp.float32), self.step_counter.device))
+        self._refresh_values()
+
+    @property
+    def skipped_steps(self) -> Tensor:
+        """How many updates ``skip_nonfinite`` skipped: a new int32 Tensor of shape (1,) (reading
+        its value waits for the steps before it). Not part of :meth:`get_states`, whose keys
+        are SINGA's."""
+        return Tensor(device=self._skip_state.device, data=self._skip_state.array[:1].astype(
+            jnp.int32), requires_grad=False)
+
+    @property
+    def loss_scale(self) -> Optional[Tensor]:
+        """float16 loss scaling's current scale: a new float32 Tensor of shape (1,), or None
+        before the first update under ``autocast('float16')``."""
+        state = self.__dict__.get("_loss_scale")
+        if state is None:
+            return None
+        return Tensor(device=state.device, data=state.array[:1], requires_grad=False)
+
+    def _scaling(self) -> bool:
+        """Whether this update is loss-scaled: inside ``autocast('float16')``, fused kernel."""
+        return autocast_dtype() == jnp.float16 and self._uses_fused_update()
+
+    def _scale_state(self) -> Tensor:
+        """The loss scale's state Tensor (fields ``_SCALE_FIELDS``), made on first use."""
+        state = self.__dict__.get("_loss_scale")
+        if state is None:
+            state = self._loss_scale = _state_tensor(self._initial_scale(),
+                                                     self.step_counter.device)
+        return state
+
+    def _initial_scale(self) -> np.ndarray:
+        """The loss scale's state a scaled run starts from: the scale, no clean steps yet."""
+        return np.array([self.init_loss_scale, 0.0], np.float32)
+
+    def _gradients(self, loss: Tensor) -> List[Tuple[Tensor, Tensor]]:
+        """Back-propagate from ``loss`` -- times the loss scale when loss-scaled (the update
+        divides it out) -- and return every ``(param, grad)``."""
+        if not self._scaling():
+            return list(_backward(loss))
+        scale = Tensor(device=loss.device, data=self._scale_state().array[0],
+                       requires_grad=False)
+        return list(_backward(loss, scale))
+
+    # --- hyper-parameters -------------------------------------------------------------------
+    def _init_hypers(self, **values: Any) -> None:
+        """Turn each value into a schedule (validated) stored as ``self.<name>``, with its current
+        value as the Tensor ``self.<SINGA value attribute>``."""
+        owner = type(self).__name__
+        scheds = {name: _as_schedule(owner, name, v) for name, v in values.items()}
+        for name, sched in scheds.items():
+            setattr(self, name, sched)
+            if name not in self._hyper_names:
+                self._hyper_names.append(name)
+            self.__dict__.pop(_HYPER_SPECS[name][0], None)
+            self._lazy_state.append(_HYPER_SPECS[name][0])
+        if "step_counter" not in self._lazy_state or _backend_started():
+            self._make_state()  # the state exists already, or creating it starts nothing
+
+    def _schedules(self) -> List[DecayScheduler]:
+        return [getattr(self, n) for n in self._hyper_names]
+
+    def _value_tensors(self) -> List[Tensor]:
+        return [getattr(self, _HYPER_SPECS[n][0]) for n in self._hyper_names]
+
+    def _store_values(self, only_moving: bool, advance: bool) -> None:
+        """Rebind the ``*_value`` tensors to their schedules' values at the step counter (after
+        incrementing it when ``advance``): pure schedules in one kernel, the others by calling
+        them on the counter Tensor. With ``only_moving``, constants are skipped: their value
+        tensors already hold it, and leaving them untouched keeps them out of a compiled step."""
+        pairs = [(s, t) for s, t in zip(self._schedules(), self._value_tensors())
+                 if not (only_moving and s._constant)]
+        pure = tuple(s for s, _ in pairs if s._pure)
+        if advance:
+            # the counter (and, under the guard, its state) advanced by one kernel
+            state = [self.step_counter] + ([self._skip_state] if self._guarded() else [])
+            kernel = _advance_unless_skipped if len(state) == 2 else _advance
+            device = step_recording_device(state) if len(pure) == len(pairs) else None
+            if device is not None:
+                # the update this step follows was recorded (see .replayed_update): so is the
+                # step, whose outputs the next step's program can then be predicted to take
+                # (see replay._Plan)
+                nxt, values, *rest = replay.run(kernel, (pure,), [t._data for t in state],
+                                                device)
+                if rest and self.__dict__.get("_skip_watch") is state[1]._data:
+                    # (the report watches the cleared state: the same counts, and one output
+                    # fewer for the program to return)
+                    self.__dict__["_skip_watch"] = rest[0]
+                replay.bind_all(state + [t for _, t in pairs], [nxt, *rest, *values])
+                return
+            nxt, values, *rest = kernel(pure, *[t.array for t in state])
+            for t, a in zip(state, [nxt, *rest]):
+                t.array = a
+        else:
+            values = _eval_schedules(pure, self.step_counter.array) if pure else ()
+        it = iter(values)
+        for sched, t in pairs:
+            t.array = next(it) if sched._pure else sched(self.step_counter).array
+
+    def _refresh_values(self) -> None:
+        self._store_values(only_moving=False, advance=False)
+
+    def _update_hypers(self) -> Tuple[Tuple[Tuple[str, DecayScheduler], ...],
+                                      Dict[str, jax.Array]]:
+        """What the update kernel needs of the hyper-parameters: the pure schedules (static,
+        evaluated inside it) and the current values of the others."""
+        pure, values = [], {}
+        for name, tensor in zip(self._hyper_names, self._value_tensors()):
+            sched = getattr(self, name)
+            if sched._pure:
+                pure.append((name, sched))
+            else:
+                values[name] = tensor.array
+        return tuple(pure), values
+
+    def _config(self) -> Tuple:
+        """Static switches of the update rule (part of the compiled kernel's cache key)."""
+        return ()
+
+    def _decay_on(self) -> bool:
+        # SINGA applies weight decay only when its (initial) value is non-zero
+        return "weight_decay" in self._hyper_names and self.weight_decay.init_value != 0
+
+    def _active_slot_kinds(self) -> Tuple[str, ...]:
+        return self._slot_kinds
+
+    def _slot_dict(self, kind: str) -> Dict[str, Tensor]:
+        return self.__dict__.setdefault(kind, {})
+
+    # --- SINGA's API --------------------------------------------------------------------------
+    def __call__(self, loss: Tensor) -> None:
+        """Back-propagate from ``loss``, update every parameter, then :meth:`step`."""
+        if type(self).call is not Optimizer.call:  # (a subclass's own call)
+            self.call(loss)
+            self.step()
+            return
+        # call()'s work, with step() before the flush: a recorded update's step joins the
+        # step's program (see _store_values)
+        self._apply_all(self._gradients(loss), loss)
+        self.step()
+        replay.flush()
+
+    def backward_and_update(self, loss: Tensor) -> None:
+        """SINGA's older name of ``__call__``: backward, update all parameters, step."""
+        self.__call__(loss)
+
+    def call(self, loss: Tensor) -> None:
+        """Back-propagate from ``loss`` and update every parameter (one fused kernel), without
+        advancing the step counter. The graph is kept (SINGA's rule), so the same loss can be
+        back-propagated again; a graph freed by ``loss.backward()`` raises RuntimeError."""
+        self._apply_all(self._gradients(loss), loss)
+        # a step that eager replay recorded (forward, walk, update) ends here: it runs now
+        # (asynchronously), so a loop that reads nothing between steps still records each
+        # step as one recurring segment
+        replay.flush()
+
+    def _apply_all(self, pairs: Sequence[Tuple[Tensor, Tensor]],
+                   loss: Optional[Tensor] = None) -> None:
+        """Update every ``(param, grad)``: one fused kernel, or a user subclass's ``apply``.
+        ``loss`` (when known) is checked for NaN/inf along with the gradients."""
+        if self._uses_fused_update():
+            self._update_pairs([(_param_name(p), p, g) for p, g in pairs], loss)
+        else:
+            for p, g in pairs:
+                self.apply(_param_name(p), p, g)
+
+    def update(self, param: Tensor, grad: Tensor) -> None:
+        """Update one parameter with its gradient (keyed by ``param.name``); no step()."""
+        self.apply(_param_name(param), param, grad)
+
+    def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
+        """Update ``param_value`` in place (its ``.data`` is rebound) from ``param_grad``, using
+        the slots kept under ``param_name``. The gradient is left unchanged."""
+        if self._rule is None:
+            raise NotImplementedError(f"{type(self).__name__}: the base Optimizer has no update "
+                                      f"rule; use SGD, RMSProp, AdaGrad or Adam, or override apply")
+        self._update_pairs([(param_name, param_value, param_grad)])
+
+    def step(self) -> None:
+        """Increment the step counter and recompute every scheduled hyper-parameter at it."""
+        self._store_values(only_moving=True, advance=True)
+
+    def device_check(self, *inputs: Tensor) -> None:
+        """Move every Tensor of ``inputs`` onto the device of the first one (SINGA's helper)."""
+        if not inputs:
+            return
+        target = inputs[0].device
+        for t in inputs[1:]:
+            if t.device is not target:
+                t.to_device(target)
+
+    def get_states(self) -> Dict[str, Tensor]:
+        """``{'step_counter': Tensor, '<slot kind>/<param key>': Tensor, ...}``.
+
+        A flat dict of the optimizer's own Tensors (not copies; they are rebound by later steps),
+        so it can go straight into a checkpoint (e.g. ``Model.save_states(path, aux_states=...)``).
+        Slot kinds use SINGA's names: ``moments`` (SGD), ``running_average`` (RMSProp),
+        ``history`` (AdaGrad), ``m`` and ``v`` (Adam). Schedules have no state besides the step.
+        """
+        states: Dict[str, Tensor] = {"step_counter": self.step_counter}
+        for kind in self._slot_kinds:
+            for key, t in self._slot_dict(kind).items():
+                states[f"{kind}{_KEY_SEP}{key}"] = t
+        if "_loss_scale" in self.__dict__:
+            states["loss_scale"] = self._loss_scale
+        return states
+
+    def set_states(self, states: Mapping[str, Any]) -> None:
+        """Restore what :meth:`get_states` returned (Tensors, NumPy or jax arrays). SINGA's nested
+        form ``{'step_counter': 3.0, 'moments': {name: tensor}}`` is accepted too.
+
+        The whole dict is validated first -- names, that slots are floating point, and shapes
+        against the slot (or parameter) already known under that key -- and nothing changes
+        on error. Exactly the entries given are set: a slot or ``step_counter`` the dict does
+        not mention keeps its value (SINGA, too, leaves the kinds a dict omits alone; here
+        that holds per slot). A value is cast to the dtype of the slot or parameter it replaces.
+        """
+        owner = type(self).__name__
+        if not isinstance(states, Mapping):
+            raise TypeError(f"{owner}.set_states: expected a dict, got {type(states).__name__}")
+        counter = scale = None
+        staged: List[Tuple[str, str, jax.Array]] = []  # (kind, key, array), all validated
+        for key, value in states.items():
+            if key == "step_counter":
+                counter = self._checked_counter(value)
+                continue
+            if key == "loss_scale":
+                scale = self._checked_scale(value)
+                continue
+            kind, sep, pkey = str(key).partition(_KEY_SEP)
+            if kind in self._slot_kinds and isinstance(value, Mapping) and not sep:  # nested form
+                staged += [(kind, str(k), self._checked_slot(f"{kind}[{k!r}]", kind, str(k), v))
+                           for k, v in value.items()]
+            elif kind in self._slot_kinds and sep:
+                staged.append((kind, pkey, self._checked_slot(key, kind, pkey, value)))
+            else:
+                raise ValueError(f"{owner}.set_states: unknown state {key!r}; expected "
+                                 f"'step_counter' or '<kind>{_KEY_SEP}<param name>' with kind in "
+                                 f"{list(self._slot_kinds)}")
+        # everything is valid: only now does any state change
+        if counter is not None:
+            self.step_counter.array = self.step_counter.device.put(counter)
+        if scale is not None:
+            self._scale_state().array = self.step_counter.device.put(scale)
+        for kind, key, arr in staged:
+            slots = self._slot_dict(kind)  # the dict object stays: SINGA exposes it
+            if key in slots:
+                slots[key].array = slots[key].device.put(arr)
+            else:
+                slots[key] = _state_tensor(arr, self.step_counter.device)
+        self._bump_states_version()
+        self._refresh_values()
+
+    def _checked_counter(self, value: Any) -> jax.Array:
+        """``value`` as the (1,) float32 step counter, or an error naming the problem."""
+        owner = type(self).__name__
+        counter = self._state_array("step_counter", value)
+        if counter.size != 1:
+            raise ValueError(f"{owner}.set_states: step_counter must hold one value, got "
+                             f"shape {tuple(counter.shape)}")
+        counter = counter.reshape((1,)).astype(jnp.float32)
+        if not isinstance(counter, jax.core.Tracer):
+            number = float(counter[0])
+            if not np.isfinite(number) or number < 0:
+                raise ValueError(f"{owner}.set_states: step_counter must be a finite count >= 0, "
+                                 f"got {number}")
+        return counter
+
+    def _checked_scale(self, value: Any) -> jax.Array:
+        """``value`` (a scale, or the saved ``(scale, clean_steps)``) as the loss scale's state,
+        or an error naming the problem."""
+        owner = type(self).__name__
+        arr = self._state_array("loss_scale", value).reshape(-1).astype(jnp.float32)
+        if arr.size not in (1, 2):
+            raise ValueError(f"{owner}.set_states: loss_scale must hold (scale,) or (scale, "
+                             f"clean_steps), got {arr.size} values")
+        if arr.size == 1:
+            arr = jnp.concatenate([arr, jnp.zeros((1,), jnp.float32)])
+        if not isinstance(arr, jax.core.Tracer):
+            scale = float(arr[0])
+            if not np.isfinite(scale) or scale <= 0:
+                raise ValueError(f"{owner}.set_states: loss_scale must be a finite number > 0, "
+                                 f"got {scale}")
+        return arr
+
+    def _checked_slot(self, what: str, kind: str, key: str, value: Any) -> jax.Array:
+        """``value`` as the array of slot ``kind`` under ``key``: floating point, of the shape
+        of the slot (or else of the parameter) known under ``key``, in its dtype."""
+        owner = type(self).__name__
+        arr = self._state_array(what, value)
+        if not jnp.issubdtype(arr.dtype, jnp.floating):
+            raise TypeError(f"{owner}.set_states: {what} must be a floating-point array (an "
+                            f"optimizer slot), got dtype {arr.dtype}")
+        current = self._slot_dict(kind).get(key)
+        ref = self._key_owner.get(key)
+        param = ref() if ref is not None else None
+        expected = current if current is not None else param
+        if expected is None:
+            return arr
+        if tuple(arr.shape) != tuple(expected.shape):
+            which = "the slot it replaces" if current is not None else f"param {param.name!r}"
+            raise ValueError(f"{owner}.set_states: {what} has shape {tuple(arr.shape)} but "
+                             f"{which} has shape {tuple(expected.shape)}")
+        return arr.astype(expected.dtype)
+
+    def _state_array(self, what: str, value: Any) -> jax.Array:
+        if isinstance(value, Tensor):
+            return value.array
+        if isinstance(value, (jax.Array, jax.core.Tracer)):
+            return value
+        try:
+            arr = np.asarray(value)
+        except Exception as e:  # pragma: no cover - exotic objects
+            raise TypeError(f"{type(self).__name__}.set_states: {what} is not an array "
+                            f"({type(value).__name__})") from e
+        if not np.issubdtype(arr.dtype, np.number):
+            raise TypeError(f"{type(self).__name__}.set_states: {what} must be numeric, got "
+                            f"dtype {arr.dtype}")
+        return jnp.asarray(arr)
+
+    # --- the fused update ---------------------------------------------------------------------
+    def _uses_fused_update(self) -> bool:
+        return self._rule is not None and type(self).apply is Optimizer.apply
+
+    def _slot_key(self, name: Any, param: Tensor) -> str:
+        """The slot key of ``param``: its name, or ``name~N`` when another live parameter
+        already owns that name (see the docstring of :mod:`singa_jax.opt`)."""
+        base = str(name)
+        key, n = base, 0
+        while True:
+            ref = self._key_owner.get(key)
+            owner = ref() if ref is not None else None
+            if owner is None or owner is param:
+                if owner is None:
+                    self._key_owner[key] = weakref.ref(param)
+                return key
+            n += 1
+            key = f"{base}~{n}"
+
+    def _check_pair(self, name: Any, p: Tensor, g: Tensor) -> None:
+        owner = type(self).__name__
+        if not isinstance(p, Tensor) or not isinstance(g, Tensor):
+            raise TypeError(f"{owner}: param and grad must be Tensors, got "
+                            f"{type(p).__name__} and {type(g).__name__} for {name!r}")
+        # the arrays' metadata is read directly: cheaper than the properties, and no value is
+        # read (graph mode's trace hook needs to see values only)
+        pa, ga = p._data, g._data
+        if not (is_inexact(pa.dtype) and is_inexact(ga.dtype)):
+            raise TypeError(f"{owner}: param {name!r} ({pa.dtype}) and its grad ({ga.dtype}) must "
+                            f"be floating point")
+        if pa.shape != ga.shape:
+            raise ValueError(f"{owner}: shape mismatch for param {name!r}: param "
+                             f"{tuple(pa.shape)}, grad {tuple(ga.shape)}")
+
+    def _update_pairs(self, triples: Sequence[Tuple[Any, Tensor, Tensor]],
+                      loss: Optional[Tensor] = None) -> None:
+        """Update every ``(name, param, grad)`` with one kernel per device (skipped inside the
+        kernel when non-finite, see the class docstring; ``loss`` is checked too).
+
+        Eager SINGA programs call this once per step: it reads and writes the arrays directly
+        unless graph mode is tracing (whose hook must see every read and write). When the
+        gradients come from a backward walk that eager replay recorded into the segment of
+        the step's forward, the update is recorded there too (see :mod:`.replayed_update`):
+        the step's forward, walk and update then run as one program when it recurs."""
+        if not triples:
+            return
+        recording = recording_device(self, triples)
+        if recording is None:
+            replay.flush()  # the arrays are read directly below: nothing may be pending
+        self._warn_skipped_steps()
+        kinds = self._active_slot_kinds()
+        layout = _UpdateLayout.of(self, triples, kinds)
+        slot_tensors = self._remembered_slots(layout)
+        if slot_tensors is None:
+            slot_tensors = self._validated_slots(triples, kinds)
+            if layout is not None:
+                layout.remember(self, slot_tensors)
+        schedules, hyper = self._update_hypers()
+        step = self.step_counter.array
+        guard = self._guarded()
+        scaling = self._scaling()
+        scale_state = self._scale_state() if scaling else None
+        checked = ()
+        if guard and isinstance(loss, Tensor) and is_inexact(loss.dtype):
+            checked = (loss._data if recording is not None else loss.array,)
+        if recording is not None:
+            record_update(self, recording, triples, slot_tensors, schedules, hyper, guard,
+                          checked, scale_state)
+            return
+        # outside a trace the arrays are read and rebound directly (the kernel's outputs are on
+        # its inputs' device, so the property's checks hold); a trace goes through the property,
+        # whose hook must see every read and write
+        field = "array" if current_trace_hook() is not None else "_data"
+        read = operator.attrgetter(field)
+        by_device: Dict[Device, List[int]] = {}
+        for i, (_, p, _) in enumerate(triples):
+            by_device.setdefault(p.device, []).append(i)
+        for dev, idx in by_device.items():
+            # with params on several devices, each device's kernel decides (and counts) alone
+            h, s, c = hyper, step, checked
+            skip_state = self._skip_state.array if guard else None
+            scale = scale_state.array if scaling else None
+            if dev is not self.step_counter.device:  # arrays of one kernel share a device
+                h = {k: dev.put(v) for k, v in hyper.items()}
+                s = dev.put(step)
+                c = tuple(dev.put(a) for a in checked)
+                skip_state = None if skip_state is None else dev.put(skip_state)
+                scale = None if scale is None else dev.put(scale)
+            grads = [read(triples[i][2]) for i in idx]
+            ok = None
+            if guard and field == "_data" and len(idx) > SEPARATE_TEST_FROM:
+                ok = _finite_test(grads + list(c))  # eagerly, many arrays: see update.py
+            new_ps, new_slots, new_skip, new_scale = _fused_update(
+                type(self)._rule, self._config(), self._decay_on(), schedules, h, s,
+                [read(triples[i][1]) for i in idx], grads,
+                [tuple(map(read, slot_tensors[i])) for i in idx], guard, c, skip_state,
+                field == "array", ok=ok, loss_scale=scale,
+                growth_interval=self.loss_scale_growth_interval if scaling else 0)
+            # (traced: graph mode's step, whose state is donated)
+            for i, np_, nss in zip(idx, new_ps, new_slots):
+                setattr(triples[i][1], field, np_)
+                for t, a in zip(slot_tensors[i], nss):
+                    setattr(t, field, a)
+            if guard:
+                home = self._skip_state.device
+                self._skip_state.array = new_skip if dev is home else home.put(new_skip)
+            if scaling and dev is scale_state.device:  # the home device's kernel decides
+                scale_state.array = new_scale
+        if guard:
+            self._watch_skipped_steps()
+
+    # --- non-finite steps -------------------------------------------------------------------
+    def _guarded(self) -> bool:
+        """Whether updates are skipped on NaN/inf (``skip_nonfinite``, or loss scaling; the
+        fused kernel only)."""
+        return (bool(self.skip_nonfinite) or self._scaling()) and self._uses_fused_update()
+
+    def _report_skipped_steps(self) -> None:
+        """Warn about updates skipped since the last report, without ever waiting for a device.
+
+        The guard's state array written by a step is kept and read only once the program
+        that wrote it has finished (``is_ready``), so the report comes a step or a few late but
+        costs no host sync. Eager updates do this themselves; graph mode (whose compiled step
+        runs no optimizer code) calls this after each step. Does nothing while a step is traced.
+        """
+        self._warn_skipped_steps()
+        self._watch_skipped_steps()
+
+    def _warn_skipped_steps(self) -> None:
+        """The reading half of :meth:`_report_skipped_steps`: warn if the kept array is ready
+        and counts new skips, then drop it."""
+        if current_trace_hook() is not None:
+            return
+        watched = self.__dict__.get("_skip_watch")
+        if type(watched) is Deferred:  # a recorded update's: ready once its segment ran
+            watched = watched.value
+        if watched is not None and watched.is_ready():
+            self._warn_skip_count(np.asarray(watched).tolist())
+            self.__dict__["_skip_watch"] = None
+
+    def _watch_skipped_steps(self) -> None:
+        """Keep the current guard state array for :meth:`_report_skipped_steps`, unless an
+        earlier one is still waiting to be read."""
+        if self.__dict__.get("_skip_watch") is not None or current_trace_hook() is not None \
+                or "_skip_state" not in self.__dict__ or self._scaling():
+            return  # (a loss-scaled update's skips are not warned about: see the class doc)
+        # (a recorded update's pending value is kept as it is: reading it would run its segment)
+        array = self._skip_state._data
+        # only concrete arrays are kept: inside a user's jax.jit they are tracers
+        if not isinstance(array, jax.core.Tracer):
+            self.__dict__["_skip_watch"] = array
+
+    # graph mode: the compiled step returns a copy of the guard's state (its own small buffer,
+    # never donated), whose host copy starts at once; the next call reads it if it has arrived
+    def _skip_report_output(self) -> Optional[jax.Array]:
+        """Inside a traced step, after the update: the guard's state as an extra output of the
+        program (None when nothing is guarded, or loss-scaled: see the class doc)."""
+        if "_skip_state" not in self.__dict__ or not self._guarded() or self._scaling():
+            return None
+        return self._skip_state.array + 0.0  # a program output of its own, not the state's
+
+    def _expect_skip_report(self, report: Optional[jax.Array]) -> None:
+        """After a compiled step: start copying its guard state to the host (asynchronously)
+        and keep it for :meth:`_read_skip_reports`."""
+        if report is None:
+            return
+        report.copy_to_host_async()
+        pending = self.__dict__.setdefault("_skip_reports", [])
+        pending.append(report)
+        del pending[:-_PENDING_REPORTS]  # the newest suffice: the counts are cumulative
+
+    def _before_compiled_step(self) -> None:
+        """Graph mode, before a step: report what has arrived, and let go of an eager update's
+        kept guard state (held across the step, its buffer would be copied, not donated)."""
+        self._read_skip_reports()
+        self._warn_skipped_steps()
+        self.__dict__["_skip_watch"] = None
+
+    def _read_skip_reports(self) -> None:
+        """Before a compiled step: warn about skips counted by the newest finished step's
+        report (its host copy is there: no wait), then drop it and every older one."""
+        pending = self.__dict__.get("_skip_reports")
+        if not pending:
+            return
+        for i in range(len(pending) - 1, -1, -1):
+            if pending[i].is_ready():
+                self._warn_skip_count(np.asarray(pending[i]).tolist())
+                del pending[:i + 1]
+                return
+
+    def _warn_skip_count(self, values: Sequence[float]) -> None:
+        """Warn if the guard state ``values`` (fields ``_SKIP_FIELDS``) counts skips not yet
+        reported, at the user's line that made the call."""
+        fields = dict(zip(_SKIP_FIELDS, values))
+        count = int(fields["skipped"])
+        reported = self.__dict__.get("_skips_reported", 0)
+        if count > reported:
+            at = fields["last_skipped_step"]
+            new = count - reported
+            warnings.warn(
+                f"{type(self).__name__}: skipped the update at step {at:g} (step_counter) "
+                f"because its gradients or loss held NaN or inf"
+                + (f", and {new - 1} earlier update(s) since the last report" if new > 1
+                   else "")
+                + f"; parameters and optimizer state were left unchanged ({count} skipped "
+                f"in all, see skipped_steps; skip_nonfinite=False restores SINGA's "
+                f"behaviour)", NonFiniteStepWarning, stacklevel=_caller_outside_singa_jax())
+        self.__dict__["_skips_reported"] = count  # a reset counter restarts the tally
+
+    def _rebound_state(self) -> List[Tensor]:
+        """The Tensors besides :meth:`get_states` that an update or :meth:`step` rebinds (the
+        guard state, the ``*_value`` tensors of the hyper-parameters): graph mode declares
+        them as a step's state."""
+        made = [] if self.__dict__.get("_lazy_state") else self._value_tensors()
+        skip = self.__dict__.get("_skip_state")
+        return made + ([skip] if skip is not None else [])
+
+    def _validated_slots(self, triples: Sequence[Tuple[Any, Tensor, Tensor]],
+                         kinds: Sequence[str]) -> List[List[Tensor]]:
+        """Check every ``(name, param, grad)`` -- all before any state changes -- and return
+        each param's slot Tensors of ``kinds`` (made, moved or reported where needed)."""
+        for name, p, g in triples:
+            self._check_pair(name, p, g)
+        keys = [self._slot_key(name, p) for name, p, _ in triples]
+        for key, (name, p, _) in zip(keys, triples):
+            for kind in kinds:
+                s = self._slot_dict(kind).get(key)
+                if s is not None and s._data.shape != p._data.shape:
+                    raise ValueError(f"{type(self).__name__}: slot {kind!r} of param {name!r} "
+                                     f"(key {key!r}) has shape {s.shape} but the param has "
+                                     f"shape {p.shape}")
+        return [[self._get_slot(kind, key, p) for kind in kinds]
+                for key, (_, p, _) in zip(keys, triples)]
+
+    def _remembered_slots(self, layout: Optional["_UpdateLayout"]
+                          ) -> Optional[List[List[Tensor]]]:
+        """The slot Tensors of the last update validated with ``layout`` when this one has it
+        too and its slots still hold arrays of the same avals on the same devices (see
+        :class:`_UpdateLayout`), else None."""
+        last = self.__dict__.get("_update_layout")
+        if layout is None or last is None or last.key != layout.key or \
+                list(map(_aval_of, last.flat_slots)) != last.slot_avals or \
+                list(map(_device_of, last.flat_slots)) != last.slot_devices:
+            return None
+        return last.slot_tensors
+
+    def _get_slot(self, kind: str, key: str, p: Tensor) -> Tensor:
+        d = self._slot_dict(kind)
+        t = d.get(key)
+        if t is None:  # created lazily; a new Tensor, so graph mode sees it as new state
+            t = d[key] = _state_tensor(jnp.zeros(p.shape, p.dtype), p.device)
+            self._bump_states_version()
+        elif t.device is not p.device:
+            t.to_device(p.device)
+        return t
+
+
+# --------------------------------------------------------------------------------------------
+# The optimizers
+# --------------------------------------------------------------------------------------------
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional momentum (SINGA's form).
+
+    With ``g`` the gradient plus ``weight_decay * p``::
+
+        buf = momentum * buf + (1 - dampening) * g       (buf starts at 0)
+        g   = g + momentum * buf   if nesterov   else   buf
+        p   = p - lr * g
+
+    Without momentum (``momentum`` whose initial value is 0): ``p = p - lr * g``. Unlike PyTorch,
+    the first step also dampens (``buf = (1 - dampening) * g``, not ``buf = g``).
+    """
+
+    _rule = staticmethod(_sgd_rule)
+    _slot_kinds = ("moments",)
+
+    def __init__(self, lr: Any = 0.1, momentum: Any = 0, dampening: Any = 0,
+                 weight_decay: Any = 0, nesterov: bool = False, dtype: Any = float32):
+        super().__init__(lr, dtype)
+        self._init_hypers(momentum=momentum, dampening=dampening, weight_decay=weight_decay)
+        self.nesterov = bool(nesterov)
+        if self.nesterov and (self.momentum.init_value <= 0 or self.dampening.init_value != 0):
+            raise ValueError(f"SGD: Nesterov momentum requires a momentum > 0 and zero dampening, "
+                             f"got momentum={momentum!r}, dampening={dampening!r}")
+        self.moments = self._slot_dict("moments")
+
+    def _config(self) -> Tuple:
+        return (self._momentum_on(), self.nesterov)
+
+    def _momentum_on(self) -> bool:
+        return self.momentum.init_value != 0  # SINGA's switch: the initial momentum
+
+    def _active_slot_kinds(self) -> Tuple[str, ...]:
+        return self._slot_kinds if self._momentum_on() else ()
+
+
+class RMSProp(Optimizer):
+    """RMSProp (SINGA's form; epsilon inside the square root)::
+
+        r = rho * r + (1 - rho) * g^2
+        p = p - lr * g / sqrt(r + epsilon)
+    """
+
+    _rule = staticmethod(_rmsprop_rule)
+    _slot_kinds = ("running_average",)
+
+    def __init__(self, lr: Any = 0.1, rho: Any = 0.9, epsilon: Any = 1e-8, weight_decay: Any = 0):
+        super().__init__(lr)
+        self._init_hypers(weight_decay=weight_decay, rho=rho, epsilon=epsilon)
+        self.running_average = self._slot_dict("running_average")
+
+
+class AdaGrad(Optimizer):
+    """AdaGrad (SINGA's form; epsilon inside the square root)::
+
+        s = s + g^2
+        p = p - lr * g / sqrt(s + epsilon)
+    """
+
+    _rule = staticmethod(_adagrad_rule)
+    _slot_kinds = ("history",)
+
+    def __init__(self, lr: Any = 0.1, epsilon: Any = 1e-8, weight_decay: Any = 0):
+        super().__init__(lr)
+        self._init_hypers(weight_decay=weight_decay, epsilon=epsilon)
+        self.history = self._slot_dict("history")
+
+
+class Adam(Optimizer):
+    """Adam (bias-corrected; the same rule as PyTorch's ``Adam`` with L2 weight decay)::
+
+        m = beta_1 * m + (1 - beta_1) * g
+        v = beta_2 * v + (1 - beta_2) * g^2
+        t = step_counter + 1
+        p = p - lr * (m / (1 - beta_1^t)) / (sqrt(v / (1 - beta_2^t)) + epsilon)
+    """
+
+    _rule = staticmethod(_adam_rule)
+    _slot_kinds = ("m", "v")
+
+    def __init__(self, lr: Any = 0.1, beta_1: Any = 0.9, beta_2: Any = 0.999,
+                 epsilon: Any = 1e-8, weight_decay: Any = 0):
+        super().__init__(lr)
+        self._init_hypers(weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2,
+                          epsilon=epsilon)
+        self.m = self._slot_dict("m")
+        self.v = self._slot_dict("v")
