@@ -28,7 +28,9 @@ import numpy as np
 import bench_eager
 import bench_train_step
 from singa_jax import tensor
-from singa_jax._src.autodiff import engine, function, recipes as kinds, residuals
+from singa_jax._src.autodiff import recipes as kinds, residuals
+from singa_jax._src.autodiff import fused
+from singa_jax._src.autodiff import kernels
 from singa_jax._src.optim import optimizers
 from singa_jax._src.backend.xla_options import kernel
 from torch_child import step_times
@@ -37,11 +39,11 @@ from torch_child import step_times
 @kernel(static_argnums=(0, 1, 2, 3))
 def _plain_forward_vjp_kernel(fn, static, diff, n_state, *xs):
     """The eager forward kernel without lean forms (JAX differentiates ``fn`` itself)."""
-    return residuals.vjp(lambda *args: function._split_state(fn(*args, **dict(static)),
+    return residuals.vjp(lambda *args: kernels.split_state(fn(*args, **dict(static)),
                                                              n_state), diff, xs)
 
 
-_LEAN_KERNEL = function._forward_vjp_kernel
+_LEAN_KERNEL = kernels.forward_vjp_kernel
 
 
 class _NoMemory(dict):
@@ -57,9 +59,9 @@ class _NoMemory(dict):
 def _set(on: bool, only: str, remembered: dict) -> None:
     """Each path on, or off where ``on`` is False and it is ``only`` (None: every path)."""
     kinds.ENABLED = on or only not in (None, "kinds")
-    engine._known_shapes = remembered if (on or only not in (None, "walk")) else _NoMemory()
+    fused._known_shapes = remembered if (on or only not in (None, "walk")) else _NoMemory()
     # (the kernel is read from its module at each call: a recipe keeps only its statics)
-    function._forward_vjp_kernel = kinds._forward_vjp_kernel = \
+    kernels.forward_vjp_kernel = kinds.forward_vjp_kernel = \
         _LEAN_KERNEL if (on or only not in (None, "lean")) else _plain_forward_vjp_kernel
 
 
@@ -111,7 +113,7 @@ def deep(rounds: int, steps: int, only: str) -> None:
         net.eval()
         jax.block_until_ready(net(x).array)
 
-    remembered = engine._known_shapes
+    remembered = fused._known_shapes
     results = {(k, on): [] for k in ("step", "forward", "walk", "eval") for on in (True, False)}
     for on in (True, False):  # (each variant's programs compiled before timing)
         _set(on, only, remembered)
@@ -144,7 +146,7 @@ def small(kind: str, rounds: int, steps: int, only: str) -> None:
         _, loss = net(x, y)
         jax.block_until_ready([loss.array] + [t.array for t in state])
 
-    remembered = engine._known_shapes
+    remembered = fused._known_shapes
     results = {True: [], False: []}
     for on in (True, False):
         _set(on, only, remembered)

@@ -68,7 +68,7 @@ def _replay_kernels() -> None:
     """Replace the eager kernels (forward+vjp, pullback, fill, a fused walk) by replays of
     their first result, keyed by what selects the compiled kernel (the pullback: by its
     identity)."""
-    from singa_jax._src.autodiff import engine, function
+    from singa_jax._src.autodiff import backward, fused, kernels
 
     def replay(kernel: Callable, key: Callable) -> Callable:
         results: Dict = {}
@@ -81,13 +81,13 @@ def _replay_kernels() -> None:
         return call
 
     # the kernel, not its caller: the caller's Python (residuals.join) is ours and is timed
-    function._forward_vjp_kernel = replay(
-        function._forward_vjp_kernel, lambda fn, static, diff, n, *xs: (
+    kernels.forward_vjp_kernel = replay(
+        kernels.forward_vjp_kernel, lambda fn, static, diff, n, *xs: (
             fn, static, diff, n, tuple((x.shape, x.dtype) for x in xs)))
-    function._pullback = replay(function._pullback, lambda vjp, cts: id(vjp))
-    engine.fill_like = function.fill_like = replay(
-        engine.fill_like, lambda value, shape, dtype: (shape, dtype))
-    engine._replay = replay(engine._replay, lambda plan_id, states, roots: plan_id)
+    kernels.pullback_kernel = replay(kernels.pullback_kernel, lambda vjp, cts: id(vjp))
+    kernels.fill_like = backward.fill_like = replay(
+        kernels.fill_like, lambda value, shape, dtype: (shape, dtype))
+    fused._replay = replay(fused._replay, lambda plan_id, states, roots: plan_id)
 
 
 def bench_python(n: int, blocks: int = 9, calls: int = 2000) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from singa_jax import autograd, layer, tensor
 from singa_jax._src.eager import replay
-from singa_jax._src.autodiff import function
+from singa_jax._src.autodiff import kernels
 from singa_jax._src.ops import nn as nn_ops
 from singa_jax._src.base.modes import is_grad_enabled, is_training
 from singa_jax._src.tensor.tensor import result_tensor
@@ -107,7 +107,7 @@ def _collapsed_conv(conv, x):
         template = conv.__dict__["_collapsed"] = (
             dict(static=probe.static, _static=static, handle=conv.handle,
                  odd_padding=conv.odd_padding),
-            function._interned((nn_ops._Conv2d.fn, static)))
+            kernels.interned((nn_ops._Conv2d.fn, static)))
     attrs, statics = template
     op = object.__new__(nn_ops._Conv2d)
     state = op.__dict__
@@ -118,7 +118,7 @@ def _collapsed_conv(conv, x):
     grad = is_grad_enabled()
     state["requires_grad"], state["device"] = grad, dev
     state["input_needs_grad"] = (False, True, True)
-    out = replay.run(function._forward, statics, (x._data, W._data, b._data), dev)
+    out = replay.run(kernels.forward_kernel, statics, (x._data, W._data, b._data), dev)
     y = result_tensor(out, dev, grad, op, None, True)
     replay.bind(y, out)
     state["y_id2idx"] = {id(y): 0}

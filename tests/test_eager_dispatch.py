@@ -24,7 +24,10 @@ import pytest
 from backend_precision import matmul_tolerance
 from singa_jax import autograd, device, layer, model, opt, tensor
 from singa_jax._src.eager import replay
-from singa_jax._src.autodiff import engine, function, residuals
+from singa_jax._src.autodiff import residuals
+from singa_jax._src.autodiff import backward as backward_mod
+from singa_jax._src.autodiff import function, kernels
+from singa_jax._src.autodiff import operator as operator_mod
 from singa_jax._src.ops import nn
 from singa_jax._src.autodiff.function import Function
 from singa_jax._src.backend.xla_options import kernel
@@ -51,24 +54,27 @@ def _use_general_paths(monkeypatch) -> None:
     """Turn every fast path off: outputs and gradients through ``Tensor(...)``, static arguments
     frozen by the general ``_freeze`` (sorted), declared state asked of every op, the root
     gradient made by a kernel on each backward."""
-    monkeypatch.setattr(engine, "result_tensor", _general_result)
-    monkeypatch.setattr(function, "_static_key", function._freeze)
+    monkeypatch.setattr(operator_mod, "result_tensor", _general_result)
+    monkeypatch.setattr(backward_mod, "result_tensor", _general_result)
+    monkeypatch.setattr(function, "static_key", kernels._freeze)
     for cls in _subclasses(Function):
         monkeypatch.setattr(cls, "_declares_state", True)
-    monkeypatch.setattr(engine, "_unit_gradient",
-                        lambda shape, dtype: engine.fill_like(1.0, shape, dtype))
+    monkeypatch.setattr(backward_mod, "_unit_gradient",
+                        lambda shape, dtype: kernels.fill_like(1.0, shape, dtype))
     # the forward kernels return their whole pullback (fresh kernels: the cached ones were
     # traced with the forwarding)
     monkeypatch.setattr(residuals, "split", lambda pullback, inputs, outputs: pullback)
-    monkeypatch.setattr(function, "_forward_vjp_kernel", kernel(static_argnums=(0, 1, 2, 3))(
-        function._forward_vjp_kernel.__wrapped__))
+    monkeypatch.setattr(kernels, "forward_vjp_kernel", kernel(static_argnums=(0, 1, 2, 3))(
+        kernels.forward_vjp_kernel.__wrapped__))
     # no interned keys, masks or output specs (each op derives its own), every replayed output
     # returned, pullbacks walked as the pytrees they are
-    monkeypatch.setattr(function, "_interned", lambda t: t)
-    monkeypatch.setattr(function, "_INTERNED_MAX", 0)
+    monkeypatch.setattr(kernels, "interned", lambda t: t)
+    monkeypatch.setattr(function, "interned", lambda t: t)
+    monkeypatch.setattr(kernels, "INTERNED_MAX", 0)
+    monkeypatch.setattr(function, "INTERNED_MAX", 0)
     monkeypatch.setattr(function, "_DIFFERENTIATED", {})
     monkeypatch.setattr(function, "_OUTPUT_SPECS", {})
-    monkeypatch.setattr(engine, "_NEEDS", {})
+    monkeypatch.setattr(operator_mod, "_NEEDS", {})
     monkeypatch.setattr(replay, "_referenced", lambda leaves: None)
 
 
@@ -239,15 +245,15 @@ def test_graph_mode_hook_sees_every_op_output_created(rng):
 
 
 def test_a_loss_unit_gradient_is_one_and_never_a_kept_tracer(monkeypatch, rng):
-    monkeypatch.setattr(engine, "_UNIT_GRADIENTS", {})
+    monkeypatch.setattr(backward_mod, "_UNIT_GRADIENTS", {})
     x = Tensor(data=rng.normal(size=(3, 4)).astype(np.float32), stores_grad=True)
     loss = autograd.reduce_mean(autograd.mul(x, x))  # one element, shape (1, 1)
     explicit = [_np(g) for _, g in autograd.backward(loss, tensor.ones((1, 1)))]
     # inside a trace the unit gradient is a tracer: used there, not kept for later calls
     traced = jax.jit(lambda: [g.array for _, g in autograd.backward(loss)])()
-    assert not any(isinstance(g, jax.core.Tracer) for g in engine._UNIT_GRADIENTS.values())
+    assert not any(isinstance(g, jax.core.Tracer) for g in backward_mod._UNIT_GRADIENTS.values())
     default = [_np(g) for _, g in autograd.backward(loss)]
-    assert len(engine._UNIT_GRADIENTS) == 1  # made by the eager backward, kept
+    assert len(backward_mod._UNIT_GRADIENTS) == 1  # made by the eager backward, kept
     again = [_np(g) for _, g in autograd.backward(loss)]
     for got in (traced, default, again):
         np.testing.assert_allclose(np.asarray(got[0]), explicit[0], rtol=1e-6)

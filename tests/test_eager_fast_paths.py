@@ -24,7 +24,8 @@ import pytest
 from backend_precision import matmul_tolerance
 from singa_jax import autograd, layer, model, tensor
 from singa_jax._src.eager import replay
-from singa_jax._src.autodiff import engine, function
+from singa_jax._src.autodiff import fused
+from singa_jax._src.autodiff import kernels
 from singa_jax._src.ops import nn
 from singa_jax.tensor import Tensor
 
@@ -47,7 +48,7 @@ def test_a_window_op_makes_its_static_key_once_per_handle_and_odd_padding(rng):
     a, c = nn._Conv2d(h1), nn._Conv2d(h1)
     assert a._static is c._static  # one key for the handle's ops
     # the same key the general freezing makes from the op's static arguments
-    assert dict(a._static) == dict(function._freeze(a.static)) == {
+    assert dict(a._static) == dict(kernels._freeze(a.static)) == {
         "odd_padding": (0, 0, 0, 0), "stride": (1, 1), "padding": (1, 1), "dilation": (1, 1),
         "group": 1}
     assert nn._Conv2d(h2)._static != a._static  # another handle: its own configuration
@@ -179,13 +180,13 @@ def test_a_changed_shape_takes_another_branch_of_the_sequence_tree(monkeypatch):
 @pytest.fixture
 def replays_counted(monkeypatch):
     counts = {"replays": 0}
-    replay_kernel = engine._replay
+    replay_kernel = fused._replay
 
     def counting(*args):
         counts["replays"] += 1
         return replay_kernel(*args)
 
-    monkeypatch.setattr(engine, "_replay", counting)
+    monkeypatch.setattr(fused, "_replay", counting)
     return counts
 
 
@@ -200,7 +201,7 @@ def test_a_long_walk_is_fused_when_its_operators_are_small(small, replays_counte
     monkeypatch.setitem(xla_options.HEAVY_WALKS_FUSED,
                         device.get_default_device().platform, False)
     if not small:
-        monkeypatch.setattr(engine, "FUSED_WALK_SMALL_OP", 2)
+        monkeypatch.setattr(fused, "FUSED_WALK_SMALL_OP", 2)
     wa = np.linspace(-0.5, 0.5, 6, dtype=np.float32).reshape(2, 3)
     w = Tensor(data=wa, stores_grad=True)
     want = np.ones_like(wa)  # d/dw of tanh^70(w) by the chain rule, in NumPy
@@ -233,7 +234,7 @@ def test_a_pullback_kept_as_leaves_serves_every_later_backward(rng, replays_coun
         loss = autograd.reduce_sum(autograd.mul(h, h))
     # (made from its kind's recipe, the recorded call holds its pullback as the walk's leaves
     # at once; the generic path holds an _Unjoined until a walk asks)
-    assert h.creator._pullback is function._FLAT and h.creator._flat is not None
+    assert h.creator._pullback is kernels.FLAT and h.creator._flat is not None
     want = xa.T @ (2 * (xa @ wa))
     with autograd.fused_backward(True):
         grads = [np.asarray(g.array) for _ in range(3) for _, g in autograd.backward(loss)]
@@ -243,7 +244,7 @@ def test_a_pullback_kept_as_leaves_serves_every_later_backward(rng, replays_coun
     loss = autograd.reduce_sum(autograd.mul(h, h))
     with autograd.fused_backward(True):
         grads += [np.asarray(g.array) for _, g in autograd.backward(loss)]
-    assert h.creator._pullback is function._FLAT  # held as its leaves alone
+    assert h.creator._pullback is kernels.FLAT  # held as its leaves alone
     with autograd.fused_backward(False):
         (_, g), = autograd.backward(loss)
     for got in grads + [np.asarray(g.array)]:  # (NumPy's float32 products; TF32 on a GPU)

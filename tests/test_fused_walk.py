@@ -18,7 +18,8 @@ import pytest
 from backend_precision import matmul_tolerance
 from singa_jax import autograd, tensor
 from singa_jax._src.base import modes
-from singa_jax._src.autodiff import engine
+from singa_jax._src.autodiff import fused
+from singa_jax._src.autodiff import operator as operator_mod
 from singa_jax._src.autodiff.function import Function
 from singa_jax._src.optim import optimizers
 from singa_jax.precision import float32_matmul_precision_scope
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("training_mode")
 def counted(monkeypatch) -> Dict[str, int]:
     """Counts replay kernels run and operators' backwards called one by one."""
     counts = {"replays": 0, "op backwards": 0}
-    replay, do_backward = engine._replay, engine.Operator._do_backward
+    replay, do_backward = fused._replay, operator_mod.Operator._do_backward
 
     def counting_replay(*args):
         counts["replays"] += 1
@@ -41,10 +42,10 @@ def counted(monkeypatch) -> Dict[str, int]:
         counts["op backwards"] += 1
         return do_backward(self, *dys)
 
-    monkeypatch.setattr(engine, "_replay", counting_replay)
-    monkeypatch.setattr(engine.Operator, "_do_backward", counting_do_backward)
-    monkeypatch.setattr(engine, "_seen_plans", {})
-    monkeypatch.setattr(engine, "_known_shapes", {})
+    monkeypatch.setattr(fused, "_replay", counting_replay)
+    monkeypatch.setattr(operator_mod.Operator, "_do_backward", counting_do_backward)
+    monkeypatch.setattr(fused, "_seen_plans", {})
+    monkeypatch.setattr(fused, "_known_shapes", {})
     return counts
 
 
@@ -124,17 +125,17 @@ def test_a_recurring_walk_runs_as_one_kernel_with_the_op_by_op_gradients(counted
 def test_a_walk_of_a_known_shape_skips_the_symbolic_walk_and_yields_this_graphs_tensors(
         counted, monkeypatch):
     """From the third walk of one graph's shape the plan is found by the graph's signature
-    (engine._Shape) without walking symbolically. Each walk yields ITS graph's tensors (fresh
+    (fused._Shape) without walking symbolically. Each walk yields ITS graph's tensors (fresh
     parameters every time) with the op-by-op names and gradients; a parameter that stops
     storing its gradient changes the signature, and then the walk yields what op by op does."""
     symbolic = []
-    plan_run = engine._Plan.run
+    plan_run = fused._Plan.run
 
     def counting_run(self, op, dys):
         symbolic.append(op)
         return plan_run(self, op, dys)
 
-    monkeypatch.setattr(engine._Plan, "run", counting_run)
+    monkeypatch.setattr(fused._Plan, "run", counting_run)
     a = _arrays()
     stepwise = _walk(a, _params(a), fused=False)
     for i in range(4):
@@ -277,8 +278,8 @@ class _UserScale(autograd.Operator):
 @float32_matmul_precision_scope("float32")  # tanh(2 * 3.3 x @ w) magnifies TF32's rounding
 def test_walks_the_replay_cannot_express_go_op_by_op(case, counted, monkeypatch):
     if case == "too many ops":
-        monkeypatch.setattr(engine, "FUSED_WALK_MAX_OPS", 2)
-        monkeypatch.setattr(engine, "FUSED_WALK_MAX_SMALL_OPS", 2)
+        monkeypatch.setattr(fused, "FUSED_WALK_MAX_OPS", 2)
+        monkeypatch.setattr(fused, "FUSED_WALK_MAX_SMALL_OPS", 2)
     a = _arrays()
     for _ in range(3):
         w = Tensor(data=a["w"], stores_grad=True)

@@ -296,21 +296,22 @@ def test_walks_of_heavy_operators_fuse_where_the_backend_says(monkeypatch, heavy
     every operator counts as heavy and walks past 4 operators as long; the switch of the
     platform the test runs on is flipped: the gradients equal op by op's either way."""
     from singa_jax._src.backend import xla_options
-    from singa_jax._src.autodiff import engine
-    monkeypatch.setattr(engine, "FUSED_WALK_MAX_OPS", 4)
-    monkeypatch.setattr(engine, "FUSED_WALK_SMALL_OP", 0)
+    from singa_jax._src.autodiff import fused
+    from singa_jax._src.autodiff import backward as backward_mod
+    monkeypatch.setattr(fused, "FUSED_WALK_MAX_OPS", 4)
+    monkeypatch.setattr(fused, "FUSED_WALK_SMALL_OP", 0)
     platform = device.get_default_device().platform
     monkeypatch.setitem(xla_options.HEAVY_WALKS_FUSED, platform, heavy)
-    fused = []
-    walk = engine._fused_walk
+    walks = []
+    walk = backward_mod.fused_walk
 
     def counting(*args, **kwargs):
         result = walk(*args, **kwargs)
-        fused.append(result is not None)
+        walks.append(result is not None)
         return result
 
-    monkeypatch.setattr(engine, "_fused_walk", counting)
+    monkeypatch.setattr(backward_mod, "fused_walk", counting)  # the name backward() calls
     replayed = _train(Net, True, [2], steps=5)
-    assert any(fused) is heavy  # (a plan fuses from its second walk on)
+    assert any(walks) is heavy  # (a plan fuses from its second walk on)
     plain = _train(Net, False, [2], steps=5)
     _assert_same(replayed, plain)

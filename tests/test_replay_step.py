@@ -1,6 +1,6 @@
 """Eager replay of a whole training step: the forward, the fused backward walk and the optimizer's
 update recorded into one segment, run as ONE program once the step recurs (singa_jax._src.eager.replay,
-autograd.engine._fused_walk, opt/replayed_update.py). Every check compares against op-by-op
+the fused walk, the replayed update). Every check compares against op-by-op
 execution (``autograd.eager_replay(False)``) from the same seed: float32 on the CPU, equal up
 to XLA's fusion rounding (1e-6; on a GPU's TF32 up to two programs' own roundings:
 backend_precision.two_programs_tolerance). Also: singa_jax's garbage-collector tuning
@@ -18,7 +18,7 @@ from backend_precision import two_programs_tolerance
 from singa_jax import autograd, device, layer, model, opt, tensor
 from singa_jax._src.eager import replay
 from singa_jax._src.backend import xla_options
-from singa_jax._src.autodiff import engine
+from singa_jax._src.autodiff import fused
 from singa_jax._src.optim import update
 from singa_jax._src.optim.optimizers import NonFiniteStepWarning
 
@@ -156,7 +156,7 @@ def test_a_recurring_training_step_is_one_program_without_residuals_or_gradients
     assert after["replayed"] - before["replayed"] == 1
     assert after["op_by_op"] == before["op_by_op"]
     calls, live, outputs = compiled[-1]
-    assert engine._replay in calls and update._recorded_update_kernel in calls
+    assert fused._replay in calls and update._recorded_update_kernel in calls
     assert calls[-1] is update._advance_unless_skipped  # the optimizer's step() too
     # what it returns: the parameters, slots and buffers it rebinds (the step counter
     # included), the guard's state and the call's two results -- no residual, no gradient

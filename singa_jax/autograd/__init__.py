@@ -11,17 +11,18 @@ and the switches of eager replay (:class:`eager_replay`, :class:`replay_speculat
 :func:`replay_stats`). A custom operator subclasses :class:`Function` (see the guide).
 """
 import sys as _sys
-from singa_jax._src.autodiff.engine import (
-    Operator as Operator, Operation as Operation, infer_dependency as infer_dependency,
-    gradients as gradients, backward as backward)
+from singa_jax._src.autodiff.operator import Operator as Operator, Operation as Operation
+from singa_jax._src.autodiff.walk import infer_dependency as infer_dependency
+from singa_jax._src.autodiff.backward import gradients as gradients, backward as backward
 from singa_jax._src.base.node import Dummy as Dummy
 from singa_jax._src.base.modes import (
     fused_backward as fused_backward, is_training as is_training, eager_replay as eager_replay,
     replay_speculation as replay_speculation, no_grad as no_grad, enable_grad as enable_grad,
     set_grad_enabled as set_grad_enabled, is_grad_enabled as is_grad_enabled)
 from singa_jax._src.eager.replay import stats as replay_stats
-from singa_jax._src.autodiff.function import (
-    Function as Function, InvalidInput as InvalidInput, make_function as make_function,
+from singa_jax._src.autodiff.function import Function as Function, InvalidInput as InvalidInput
+from singa_jax._src.ops.declare import make_function as make_function
+from singa_jax._src.ops.helpers import (
     axis_helper as axis_helper, back_broadcast as back_broadcast, ctensor2numpy as ctensor2numpy)
 from singa_jax._src.runtime.ctensor import CTensor as CTensor
 from singa_jax._src.ops.elementwise import (
@@ -87,7 +88,6 @@ from singa_jax._src.layers.legacy import (
 from singa_jax._src.ops.elementwise import _and as _and, _not as _not, _or as _or, _xor as _xor
 from singa_jax._src.base.modes import TrainingFlagModule as _TrainingFlagModule
 from singa_jax._src.base.public import publish as _publish
-from singa_jax._src.autodiff.autocast import declare_policy as _declare_policy
 
 __all__ = [
     "Operator", "Operation", "Dummy", "infer_dependency", "gradients", "backward",
@@ -122,5 +122,4 @@ __all__ = [
     "RNN", "RNN_Base", "SeparableConv2d", "cast"]
 
 _publish(__name__, __all__)
-_declare_policy()  # which op classes compute in half precision under autocast
 _sys.modules[__name__].__class__ = _TrainingFlagModule

@@ -13,7 +13,7 @@ parameter gets a float32 gradient. Nothing outside the kernels changes: paramete
 slots and checkpoints stay what they are (float32 master weights), and layers created inside
 the block make float32 parameters even when their input is a half-precision activation.
 
-The policy, by operator class (:data:`POLICY`, declared once by :func:`declare_policy`):
+The policy, by operator class (:data:`POLICY`, declared by each op family with :func:`declare`):
 
 * ``COMPUTE`` -- the products, where half precision is fast: matmul, Gemm, AddBias (so a Linear
   layer's output, logits included, is in the compute dtype), convolutions, the RNN kernel.
@@ -40,7 +40,7 @@ import numpy as np
 from singa_jax._src.base import modes
 
 __all__ = ["autocast", "COMPUTE", "FLOAT32", "NORMALISE", "POLICY", "compute_dtype",
-           "declare_policy", "cast_kernel"]
+           "declare", "cast_kernel"]
 
 COMPUTE, FLOAT32, NORMALISE = "compute", "float32", "normalise"
 
@@ -49,7 +49,7 @@ _DTYPES = {"bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16, "float16": jnp.float1
            "half": jnp.float16, "fp16": jnp.float16}
 _ALLOWED = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
-# category -> names of the operator classes in it (filled by declare_policy)
+# category -> names of the operator classes in it (filled by declare)
 POLICY: Dict[str, Tuple[str, ...]] = {}
 
 
@@ -124,21 +124,15 @@ def _wrap(fn: Callable, category: str, dtype: np.dtype, n: int) -> Callable:
 
 
 # --------------------------------------------------------------------------------------------
-# the policy table
+# the policy, declared beside the op classes
 # --------------------------------------------------------------------------------------------
-def declare_policy() -> None:
-    """Give each operator class of the policy its category (``Function.autocast_policy``, read by
-    the operator kit); called once the op families are defined."""
-    from singa_jax._src.ops import elementwise as ew, loss, nn, reduce
-    table = {
-        COMPUTE: (ew.Matmul, ew.Gemm, ew.AddBias, nn._Conv2d, nn._RNN),
-        FLOAT32: (ew.SoftMax, ew.Exp, ew.Log, ew.Pow, ew.Reciprocal, ew.SoftPlus, ew.Cosh,
-                  ew.Sinh, ew.Acos, ew.Asin, ew.Tan, reduce.ReduceSum, reduce.ReduceMean,
-                  nn.GlobalAveragePool, nn.CosSim, loss.SoftMaxCrossEntropy, loss.CrossEntropy,
-                  loss.BinaryCrossEntropy, loss.MeanSquareError, loss.RankingLoss),
-        NORMALISE: (nn._BatchNorm2d,),
-    }
-    for category, classes in table.items():
-        for cls in classes:
-            cls.autocast_policy = category
-        POLICY[category] = tuple(cls.__name__ for cls in classes)
+def declare(category: str, *classes: type) -> None:
+    """Give each operator class of ``classes`` the autocast ``category`` (its
+    ``autocast_policy``, read by the operator kit) and list it in :data:`POLICY`; each op family
+    declares its own classes where it defines them."""
+    if category not in (COMPUTE, FLOAT32, NORMALISE):
+        raise ValueError(f"autocast.declare: category must be one of {COMPUTE!r}, {FLOAT32!r}, "
+                         f"{NORMALISE!r}; got {category!r}")
+    for cls in classes:
+        cls.autocast_policy = category
+    POLICY[category] = POLICY.get(category, ()) + tuple(cls.__name__ for cls in classes)

@@ -1,10 +1,11 @@
-"""The operator kit: everything an op declaration needs, and nothing an op family owns.
+"""The operator kit: :class:`Function`, an Operator given by one pure JAX function
+``fn(*arrays, **static)``, and the bases an op declaration builds on.
 
-A :class:`Function` is an Operator given by one pure JAX function ``fn(*arrays, **static)``. Its
-forward is ``jax.jit(fn)`` and its backward the pullback of ``jax.vjp(fn)``, both compiled once per
-(function, static arguments, input shapes/dtypes) and cached by JAX. In training mode the forward
-kernel returns the pullback's residuals with the output, so backward does not recompute forward.
-Override ``backward`` only where SINGA's gradient convention differs.
+A Function's forward is ``jax.jit(fn)`` and its backward the pullback of ``jax.vjp(fn)``, both
+compiled once per (function, static arguments, input shapes/dtypes) and cached by JAX (the
+kernels: :mod:`.kernels`). In training mode the forward kernel returns the pullback's residuals
+with the output, so backward does not recompute forward. Override ``backward`` only where
+SINGA's gradient convention differs.
 
 The one door for state. ``forward``/``backward`` see arrays and return arrays. An op that needs
 more DECLARES it, and :meth:`Function.forward` (here, once for every op) fetches and stores it:
@@ -18,127 +19,33 @@ more DECLARES it, and :meth:`Function.forward` (here, once for every op) fetches
   the op's inputs (Dropout, RNN dropout).
 
 No op overrides the engine's ``_do_forward``, touches ``Tensor.data`` or rewrites its static
-arguments. Also here: the bases for ops with tensor-valued constructor arguments and for ops
-without gradient, the declaration helpers the op tables use, and SINGA's autograd helpers
-(``axis_helper``, ``back_broadcast``, ``ctensor2numpy``).
+arguments. Also here: the bases for ops with tensor-valued constructor arguments
+(:class:`TensorArgsOp`) and for ops without gradient (:class:`NonDifferentiable`).
 """
 from __future__ import annotations
 
-import inspect
 import math
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from singa_jax._src.runtime.ctensor import CTensor, as_array
-from singa_jax._src.runtime.device import get_default_device
+from singa_jax._src.autodiff.autocast import cast_kernel
+from singa_jax._src.autodiff.kernels import (FLAT, INTERNED_MAX, InvalidInput, Unjoined,
+                                             forward_kernel, forward_vjp, interned, kept_pullback,
+                                             op_error, pull, pull_leaves, split_state,
+                                             static_key, store_writes)
+from singa_jax._src.autodiff.operator import Operator
+from singa_jax._src.base.dtypes import is_inexact
 from singa_jax._src.base.modes import autocast_dtype, is_training
 from singa_jax._src.eager import replay
 from singa_jax._src.eager.replay import Deferred
+from singa_jax._src.runtime.ctensor import CTensor, as_array
+from singa_jax._src.runtime.device import get_default_device
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.base.dtypes import is_inexact
-from singa_jax._src.backend.xla_options import kernel
-from singa_jax._src.autodiff import residuals
-from singa_jax._src.autodiff.autocast import cast_kernel
-from singa_jax._src.autodiff.engine import Operator, fill_like
 
-__all__ = ["Function", "InvalidInput", "TensorArgsOp", "NonDifferentiable", "make_function", "functional",
-           "declare", "as_tensor", "normalize_axis", "host_values", "CTensor", "axis_helper",
-           "back_broadcast", "ctensor2numpy"]
-
-
-
-# --------------------------------------------------------------------------------------------
-# cached kernels
-# --------------------------------------------------------------------------------------------
-_PLAIN = frozenset({int, float, bool, str, type(None)})  # static values hashable as they are
-
-
-def _freeze(v: Any) -> Any:
-    """A hashable version of a static argument (lists become tuples)."""
-    if type(v) in _PLAIN:
-        return v
-    if isinstance(v, (list, tuple)):
-        return tuple(_freeze(e) for e in v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(e)) for k, e in v.items()))
-    if isinstance(v, np.ndarray):
-        return tuple(_freeze(e) for e in v.tolist())
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
-
-
-def _is_frozen(v: Any) -> bool:
-    """Whether ``v`` is its own frozen form: a plain value, or a tuple of such (nested)."""
-    if type(v) in _PLAIN:
-        return True
-    if type(v) is not tuple:
-        return False
-    for e in v:
-        if not _is_frozen(e):
-            return False
-    return True
-
-
-# Interned tuples an eager op keeps (static keys, kernel statics, gradient masks, output specs):
-# equal ones are one object, so an op holds a shared tuple instead of allocating its own (fewer
-# objects for Python's garbage collector to traverse while a graph is alive). Equal keys select
-# the same cached kernel anyway (jax.jit compares static arguments by equality).
-_INTERNED: Dict[Any, Any] = {}
-_INTERNED_MAX = 1 << 16
-
-
-def _interned(t: Any) -> Any:
-    """The interned tuple equal to ``t`` (``t`` itself the first time)."""
-    found = _INTERNED.get(t)
-    if found is None:
-        if len(_INTERNED) >= _INTERNED_MAX:
-            return t
-        found = _INTERNED.setdefault(t, t)
-    return found
-
-
-def _static_key(static: Dict[str, Any]) -> Tuple:
-    """An op's static arguments as the kernels' cache key: ``(name, frozen value)`` pairs. Most
-    ops have only plain values (numbers, None, strings) and tuples of them (a convolution's
-    strides and paddings): their items are the key as they are; others are frozen (sorted)."""
-    items = tuple(static.items())
-    for _, v in items:
-        if type(v) not in _PLAIN and not _is_frozen(v):
-            return _interned(tuple(sorted((k, _freeze(e)) for k, e in items)))
-    return _interned(items)
-
-
-def _handle_cache(handle: Any, name: str) -> Optional[Dict[Any, Any]]:
-    """The dict ``name`` that an op kit keeps on ``handle`` (made on first use), or None for a
-    handle without an instance dict (then nothing is kept)."""
-    store = getattr(handle, "__dict__", None)
-    return None if store is None else store.setdefault(name, {})
-
-
-def _handle_statics(handle: Any, key: Any, make: Callable[[], Dict[str, Any]]
-                    ) -> Tuple[Dict[str, Any], Tuple]:
-    """``(static arguments, their kernel key)`` of an op configured by ``handle`` -- ``make()``
-    the first time for ``key``, then kept on the handle. A handle's configuration is fixed when
-    it is made (as SINGA's C++ handles' cuDNN descriptors are), and a layer makes one op per
-    call: the arguments and their key are made once per handle and ``key``, not once per op."""
-    cache = _handle_cache(handle, "_op_statics")
-    entry = None if cache is None else cache.get(key)
-    if entry is None:
-        static = make()
-        entry = static, _static_key(static)
-        if cache is not None:
-            cache[key] = entry
-    return entry
-
-
-@kernel(static_argnums=(0, 1))
-def _forward(fn: Callable, static: Tuple, *xs):
-    """``fn(*xs, **static)`` as one cached kernel (no gradient state: eval mode)."""
-    return fn(*xs, **dict(static))
+__all__ = ["Function", "InvalidInput", "TensorArgsOp", "NonDifferentiable", "as_tensor"]
 
 
 # (the engine's input_needs_grad, input dtypes...) -> Function._differentiated's answer
@@ -152,141 +59,9 @@ def _output_spec(aval: Any) -> Tuple[Tuple[Tuple[int, ...], Any]]:
     spec = _OUTPUT_SPECS.get(aval)
     if spec is None:
         spec = ((aval.shape, aval.dtype),)
-        if len(_OUTPUT_SPECS) < _INTERNED_MAX:
+        if len(_OUTPUT_SPECS) < INTERNED_MAX:
             _OUTPUT_SPECS[aval] = spec
     return spec
-
-
-def _split_state(out, n_state: int):
-    """(outputs, new state arrays) of a kernel that returns ``n_state`` state arrays last."""
-    if not n_state:
-        return out, ()
-    main = out[:-n_state]
-    return (main[0] if len(main) == 1 else tuple(main)), tuple(out[-n_state:])
-
-
-def _forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: int, xs: Tuple,
-                 device: Any = None, join: bool = True):
-    """Forward plus the pullback w.r.t. the inputs marked in ``diff``; returns
-    ``(outputs, pullback, new state arrays)`` (recorded by eager replay when it can be: then
-    with :class:`~singa_jax._src.eager.replay.Deferred` leaves). The kernel returns no copy of an input or
-    output that the pullback keeps (see :mod:`.residuals`); without ``join`` the pullback is
-    returned as the kernel left it, for the caller to join."""
-    ys, pullback, new_state = replay.run(_forward_vjp_kernel,
-                                         _interned((fn, static, diff, n_state)), xs, device)
-    return ys, (residuals.join(pullback, xs, ys) if join else pullback), new_state
-
-
-def _kept_pullback(pullback: Any, args: Tuple, ys: Any, device: Any) -> Any:
-    """What a training-mode forward keeps of the pullback its kernel returned for ``args`` and
-    ``ys``: joined now, or -- recorded, or run on recorded inputs (``device``: replay may have
-    recorded; the pullback keeps them) -- an :class:`_Unjoined`, whose Deferred leaves are
-    computed and joined when a backward first needs them."""
-    if device is not None:
-        if type(ys[0] if isinstance(ys, tuple) else ys) is Deferred:
-            return _Unjoined(pullback, args, ys)
-        for x in args:
-            if type(x) is Deferred:
-                return _Unjoined(pullback, args, ys)
-    return residuals.join(pullback, args, ys)
-
-
-def _store_writes(writes: Sequence[Tensor], new_state: Sequence[Any]) -> None:
-    """Rebind each declared write to its new value (a pending Deferred, or an array)."""
-    for t, value in zip(writes, new_state):
-        if type(value) is Deferred:
-            replay.bind(t, value)
-        else:
-            t.array = value
-
-
-_FLAT = object()  # Function._pullback: the pullback is held as its leaves only (_flat)
-
-
-class _Unjoined:
-    """A recorded forward's pullback, kept as the kernel left it (its residuals pending
-    Deferreds, the forwarded ones not yet put back: see :mod:`.residuals`) with the call's
-    inputs and outputs; joined once, when a backward first needs it."""
-
-    __slots__ = ("pullback", "inputs", "outputs")
-
-    def __init__(self, pullback: Any, inputs: Tuple, outputs: Any):
-        self.pullback, self.inputs, self.outputs = pullback, inputs, outputs
-
-    def joined(self) -> Any:
-        """The pullback with every residual computed and the forwarded ones back in place."""
-        pullback = self.pullback
-        if type(pullback) is residuals.Residuals:
-            pullback = residuals.Residuals(replay.resolve_all(pullback.computed),
-                                           pullback.layout)
-        else:
-            pullback = replay.resolve_tree(pullback)
-        outputs = self.outputs
-        outputs = (tuple(replay.resolve_all(outputs)) if isinstance(outputs, tuple)
-                   else replay.resolve_all((outputs,))[0])
-        return residuals.join(pullback, replay.resolve_all(self.inputs), outputs)
-
-    def flat(self, pending: bool = False) -> Tuple[list, Any]:
-        """``(leaves, treedef)`` of the joined pullback, its residuals computed (or, with
-        ``pending``, possibly still Deferred), made without building the joined pytree (from
-        the layout, when the kernel forwarded residuals)."""
-        pullback = self.pullback
-        if type(pullback) is not residuals.Residuals:
-            leaves, treedef = jax.tree_util.tree_flatten(pullback)
-            return (leaves if pending else replay.resolve_all(leaves)), treedef
-        outputs = self.outputs
-        leaves = residuals.leaves(pullback, self.inputs,
-                                  outputs if isinstance(outputs, tuple) else (outputs,))
-        return (leaves if pending else replay.resolve_all(leaves)), pullback.layout[0]
-
-
-@kernel(static_argnums=(0, 1, 2, 3))
-def _forward_vjp_kernel(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: int, *xs):
-    """:func:`_forward_vjp`'s kernel: its pullback as :func:`.residuals.split` leaves it (of
-    ``fn``'s lean form where it has one: see :func:`.residuals.register_lean`)."""
-    f = residuals.lean(fn, static)
-    return residuals.vjp(lambda *args: _split_state(f(*args), n_state), diff, xs)
-
-
-@kernel
-def _pullback(vjp_fn, dys):
-    return vjp_fn(dys)
-
-
-def _pull(spec: Tuple, vjp: Callable, dys: Sequence[Any], apply: Optional[Callable] = None
-          ) -> Tuple[Any, ...]:
-    """A Function's backward as a pure function: ``vjp`` (the forward's pullback) applied by
-    ``apply`` (default: the ``_pullback`` kernel) to the cotangents made from ``dys``; one
-    gradient per input, None where ``spec``'s ``diff`` gives none. ``spec`` is ``(diff,
-    outputs' (shape, dtype), several outputs)``."""
-    diff, out, several = spec
-    if several:
-        cts = tuple(_cotangent(d, *o) for d, o in zip(dys, out))
-    else:
-        cts = _cotangent(dys[0], *out[0])
-    grads = (apply or _pullback)(vjp, cts)
-    if len(grads) == len(diff):  # every input gets its gradient
-        return grads
-    grads = iter(grads)
-    return tuple(next(grads) if d else None for d in diff)
-
-
-def _pull_leaves(spec: Tuple, leaves: list, dys: Sequence[Any],
-                 apply: Optional[Callable] = None) -> Tuple[Any, ...]:
-    """:func:`_pull` of the pullback given as its ``leaves``, its treedef last in ``spec``."""
-    return _pull(spec[:3], spec[3].unflatten(leaves), dys, apply)
-
-
-def _cotangent(dy, shape: Tuple[int, ...], dtype: Any) -> Any:
-    """``dy`` made to fit an output of ``shape``/``dtype``: None means zero; integer outputs
-    take float0 zeros."""
-    if not is_inexact(dtype):
-        return np.zeros(shape, jax.dtypes.float0)
-    if dy is None:
-        return fill_like(0.0, shape, dtype)
-    if getattr(dy, "shape", None) != shape or dy.dtype != dtype:
-        dy = fill_like(dy, shape, dtype)
-    return dy
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,7 +146,7 @@ class Function(Operator):
             args, writes = xs, ()
         static = self._static
         if static is None:
-            static = self._static = _static_key(self.static)
+            static = self._static = static_key(self.static)
         fn = type(self).fn
         if self.autocast_policy is not None:
             compute = autocast_dtype()
@@ -386,13 +161,13 @@ class Function(Operator):
                 ys, new_state = self._forward_keeping_pullback(fn, static, xs, args,
                                                                len(writes), device)
             elif writes:
-                ys, new_state = _split_state(
-                    replay.run(_forward, _interned((fn, static)), args, device), len(writes))
+                ys, new_state = split_state(
+                    replay.run(forward_kernel, interned((fn, static)), args, device), len(writes))
             else:
-                ys = replay.run(_forward, _interned((fn, static)), args, device)
+                ys = replay.run(forward_kernel, interned((fn, static)), args, device)
         except (TypeError, ValueError) as e:
-            raise _op_error(type(self).__name__, args, self.static, e) from None
-        _store_writes(writes, new_state)
+            raise op_error(type(self).__name__, args, self.static, e) from None
+        store_writes(writes, new_state)
         return ys
 
     def _forward_keeping_pullback(self, fn: Callable, static: Tuple, xs: tuple, args: tuple,
@@ -400,17 +175,17 @@ class Function(Operator):
         """The training-mode forward: outputs and new state, the pullback kept for backward."""
         diff, every = self._differentiated(xs)
         extras = (False,) * (len(args) - len(xs)) if len(args) > len(xs) else ()
-        ys, pullback, new_state = _forward_vjp(fn, static, diff + extras, n_state, args, device,
+        ys, pullback, new_state = forward_vjp(fn, static, diff + extras, n_state, args, device,
                                                join=False)
         several = isinstance(ys, tuple)
-        self._pullback = _kept_pullback(pullback, args, ys, device)
+        self._pullback = kept_pullback(pullback, args, ys, device)
         self._diff, self._flat = diff, None
         # a direct SINGA-style backward may still ask for the skipped inputs' gradients
         self._all_inputs = None if every is None else (args, every + extras)
         if not all(diff):  # shapes of the inputs that get no gradient
             self._no_grad_shapes = {i: x.shape for i, x in enumerate(xs) if not diff[i]}
         if several:
-            self._out = _interned(tuple([(y.shape, y.dtype) for y in ys]))
+            self._out = interned(tuple([(y.shape, y.dtype) for y in ys]))
             self._several_outputs = True
         else:
             self._out, self._several_outputs = _output_spec(ys.aval), False
@@ -428,9 +203,9 @@ class Function(Operator):
     def _resolved_vjp(self) -> Any:
         """The pullback, its recorded (Deferred) residuals computed."""
         pullback = self._pullback
-        if type(pullback) is _Unjoined:
+        if type(pullback) is Unjoined:
             pullback = self._pullback = pullback.joined()
-        elif pullback is _FLAT:
+        elif pullback is FLAT:
             leaves, treedef = self._pullback_leaves()
             pullback = self._pullback = treedef.unflatten(leaves)
         return pullback
@@ -442,11 +217,11 @@ class Function(Operator):
         flat = self._flat
         if flat is None:
             pullback = self._pullback
-            if type(pullback) is _Unjoined:
+            if type(pullback) is Unjoined:
                 flat = pullback.flat(pending)
                 # the recorded structure (and its Deferred placeholders) can go: a pytree, if
                 # ever needed, is rebuilt from the leaves
-                self._pullback = _FLAT
+                self._pullback = FLAT
             else:
                 flat = jax.tree_util.tree_flatten(pullback)
             self._flat = flat
@@ -473,7 +248,7 @@ class Function(Operator):
             else:
                 diff = tuple([d and n for d, n in zip(every, needs)])
                 known = (diff, (None if diff == every else every))
-            if len(_DIFFERENTIATED) < _INTERNED_MAX:
+            if len(_DIFFERENTIATED) < INTERNED_MAX:
                 _DIFFERENTIATED[key] = known
         return known
 
@@ -486,7 +261,7 @@ class Function(Operator):
                 f"{type(self).__name__}.backward: no forward state; run the forward pass with "
                 f"autograd.training = True (and an input that requires grad) before backward")
         # the pullback is kept: the graph may be back-propagated again (release() drops it)
-        return _pull((self._diff, self._out, self._several_outputs), vjp, dys)
+        return pull((self._diff, self._out, self._several_outputs), vjp, dys)
 
     def keeps_backward_state(self) -> bool:
         return self._pullback is not None or type(self).backward is not Function.backward
@@ -498,7 +273,7 @@ class Function(Operator):
         size = _ELEMENTS.get(out)  # (a walk asks for every operator: counted once per spec)
         if size is None:
             size = sum([math.prod(shape) for shape, _ in out])
-            if len(_ELEMENTS) < _INTERNED_MAX:
+            if len(_ELEMENTS) < INTERNED_MAX:
                 _ELEMENTS[out] = size
         return size
 
@@ -508,7 +283,7 @@ class Function(Operator):
         # the pullback as its leaves (its structure in the step's spec): a fused walk's kernel
         # then takes plain lists of arrays, which jit flattens without calling back into Python
         leaves, treedef = self._pullback_leaves(pending)
-        return (_pull_leaves, (self._diff, self._out, self._several_outputs, treedef), leaves,
+        return (pull_leaves, (self._diff, self._out, self._several_outputs, treedef), leaves,
                 self._diff)
 
     def _singa_backward(self, dys: tuple):
@@ -521,7 +296,7 @@ class Function(Operator):
             # call wants them all: redo the forward's vjp over every differentiable input
             args, diff = self._all_inputs
             fn = self.__dict__.get("_fn", type(self).fn)  # the forward's (autocast) kernel
-            _, self._vjp, _ = _forward_vjp(fn, self._static, diff,
+            _, self._vjp, _ = forward_vjp(fn, self._static, diff,
                                            len(self.writes()), tuple(replay.resolve_all(args)))
             self._diff, self._all_inputs = diff[:len(self._diff)], None
         dxs = self.backward(*(map(as_array, dys) if dys else (1.0,)))  # overrides answer too
@@ -544,19 +319,6 @@ def _as_ctensors(values: Any) -> Any:
     if isinstance(values, tuple):
         return tuple(map(_as_ctensors, values))
     return None if values is None else CTensor.from_array(values)
-
-
-class InvalidInput(ValueError, AssertionError):
-    """An op's inputs or arguments do not fit (shapes, axes, sizes). It is a ValueError; it is
-    also an AssertionError because SINGA asserts these preconditions, and SINGA code (its own
-    tests included) catches AssertionError."""
-
-
-def _op_error(op: str, xs, static: Dict, e: Exception) -> Exception:
-    shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in xs)
-    extra = f" with {static}" if static else ""
-    cls = TypeError if isinstance(e, TypeError) and "dtype" in str(e) else InvalidInput
-    return cls(f"{op}: cannot apply to inputs [{shapes}]{extra}: {e}")
 
 
 class TensorArgsOp(Function):
@@ -593,59 +355,6 @@ class NonDifferentiable:
         return (None,) * len(self.src)
 
 
-# --------------------------------------------------------------------------------------------
-# declaration helpers used by the op tables
-# --------------------------------------------------------------------------------------------
-def make_function(name: str, fn: Callable, doc: str = "") -> type:
-    """A Function subclass called ``name`` computing ``fn``."""
-    return type(name, (Function,), {"fn": staticmethod(fn), "__doc__": doc or fn.__doc__,
-                                    "__module__": "singa_jax.autograd"})
-
-
-def functional(op_cls: type, name: str, params: Sequence[str], doc: str = "") -> Callable:
-    """SINGA's functional form of a parameterless op: ``name(*params) == op_cls()(*params)[0]``
-    with the signature SINGA declares (``params``; ``"*l"`` means variadic)."""
-    sig = inspect.Signature([
-        inspect.Parameter(p.lstrip("*"), inspect.Parameter.VAR_POSITIONAL if p.startswith("*")
-                          else inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
-
-    variadic = any(p.startswith("*") for p in params)
-    # the kind's recipes (see .kinds), one per input avals: a table's op is called on tensors
-    # of several shapes in one model (a ResNet's relu), and each keeps its recipe
-    recipes: Optional[Dict[Any, Any]] = {} if recorded_by_kind(op_cls) else None
-
-    def f(*args, **kwargs):
-        if kwargs or variadic or len(args) != len(params):  # the usual call skips the binding
-            try:
-                args = sig.bind(*args, **kwargs).args
-            except TypeError as e:
-                raise TypeError(f"{name}(): {e}") from None
-            return op_cls()(*args)[0]
-        if recipes is None:
-            return op_cls()(*args)[0]
-        try:
-            key = tuple([x._data.aval for x in args])
-        except AttributeError:  # (not Tensors: the engine says what is wrong)
-            return op_cls()(*args)[0]
-        return kind_call(recipes, key, op_cls, args)
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = doc or op_cls.__doc__
-    f.__signature__ = sig
-    f.__module__ = "singa_jax.autograd"
-    return f
-
-
-def declare(cls_name: str, func_name: str, params: Sequence[str], fn: Callable, doc: str,
-            differentiable: bool = True) -> Tuple[type, Callable]:
-    """One table row: the op class ``cls_name`` computing ``fn`` and its functional form
-    ``func_name(*params)``; bind both by name: ``Exp, exp = declare("Exp", "exp", ...)``."""
-    bases = (Function,) if differentiable else (NonDifferentiable, Function)
-    cls = type(cls_name, bases, {"fn": staticmethod(fn), "__doc__": doc,
-                                 "__module__": "singa_jax.autograd"})
-    return cls, functional(cls, func_name, params, doc)
-
-
 def as_tensor(value: Any, device) -> Tensor:
     """``value`` (a Tensor, list or array: a host-side constant) as a Tensor that needs no grad."""
     if isinstance(value, Tensor):
@@ -653,48 +362,3 @@ def as_tensor(value: Any, device) -> Tensor:
     arr = value if isinstance(value, jax.Array) else np.asarray(value)
     return Tensor(data=arr, device=device, dtype=arr.dtype, requires_grad=False)
 
-
-def normalize_axis(axis: int, ndim: int) -> int:
-    """``axis`` in ``[0, ndim)`` (negative counts from the end); ValueError when out of range."""
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for a {ndim}-d input")
-    return axis % ndim
-
-
-def host_values(op: str, x: jax.Array) -> np.ndarray:
-    """The values of ``x`` on the host, for the few ops whose output SHAPE depends on them."""
-    if isinstance(x, jax.core.Tracer):
-        raise ValueError(f"{op}: the output shape depends on the input's values, so it cannot run "
-                         f"inside a compiled (graph-mode / jit) step")
-    return np.asarray(jax.device_get(x))
-
-
-# --------------------------------------------------------------------------------------------
-# SINGA's autograd helper functions
-# --------------------------------------------------------------------------------------------
-def axis_helper(y_shape: Sequence[int], x_shape: Sequence[int]) -> Tuple[int, ...]:
-    """The axes of ``y_shape`` along which an operand of shape ``x_shape`` was broadcast."""
-    axes = []
-    j = len(x_shape) - 1
-    for i in range(len(y_shape) - 1, -1, -1):
-        if j < 0 or x_shape[j] != y_shape[i]:
-            axes.append(i)
-        j -= 1
-    return tuple(reversed(axes))
-
-
-def back_broadcast(y_shape: Sequence[int], x_shape: Sequence[int], x: Any) -> Any:
-    """Sum a gradient of shape ``y_shape`` back to the shape ``x_shape`` it was broadcast from
-    (a CTensor in, as SINGA passes, gives a CTensor out; an array gives an array)."""
-    if tuple(y_shape) == tuple(x_shape):
-        return x
-    out = jnp.reshape(jnp.sum(as_array(x), axis=axis_helper(y_shape, x_shape)), tuple(x_shape))
-    return CTensor.from_array(out) if isinstance(x, CTensor) else out
-
-
-def ctensor2numpy(x: Any) -> np.ndarray:
-    """A host (NumPy) copy of a CTensor or array (SINGA's helper; for host-side code only)."""
-    return np.asarray(x)
-
-
-from singa_jax._src.autodiff.recipes import kind_call, recorded_by_kind  # noqa: E402  (kinds builds on this kit)

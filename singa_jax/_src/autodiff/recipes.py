@@ -26,18 +26,18 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 
+from singa_jax._src.autodiff import residuals
+from singa_jax._src.autodiff.function import Function, NonDifferentiable
+from singa_jax._src.autodiff.kernels import (FLAT, forward_kernel, forward_vjp_kernel, interned,
+                                             kept_pullback, op_error, split_state, store_writes)
+from singa_jax._src.autodiff.operator import next_name
+from singa_jax._src.autodiff.residuals import Residuals
 from singa_jax._src.base.env import flag
-from singa_jax._src.eager import replay
-from singa_jax._src.base.node import Dummy
 from singa_jax._src.base.modes import autocast_dtype, is_grad_enabled, is_training
+from singa_jax._src.base.node import Dummy
+from singa_jax._src.eager import replay
 from singa_jax._src.eager.replay import Deferred
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.autodiff import engine
-from singa_jax._src.autodiff.function import (_FLAT, Function, NonDifferentiable, _forward,
-                                              _forward_vjp_kernel, _interned, _op_error,
-                                              _split_state, _kept_pullback, _store_writes)
-from singa_jax._src.autodiff import residuals
-from singa_jax._src.autodiff.residuals import Residuals
 
 __all__ = ["Recipe", "kind_call", "recorded_by_kind", "ENABLED"]
 
@@ -94,12 +94,12 @@ class Recipe:
         recipe.keeps = state.get("_pullback") is not None
         if recipe.keeps:
             extras = (False,) * (n_args - len(xs))
-            recipe.statics = _interned((fn, op._static, op._diff + extras,
+            recipe.statics = interned((fn, op._static, op._diff + extras,
                                         len(op.writes()) if op._declares_state else 0))
             every = state.get("_all_inputs")
             recipe.every = None if every is None else every[1]
         else:
-            recipe.statics = _interned((fn, op._static))
+            recipe.statics = interned((fn, op._static))
             recipe.every = None
         return recipe
 
@@ -120,12 +120,10 @@ class Recipe:
             if isinstance(creator, Dummy) is not leaf or x._data.aval != aval:
                 return None
             src.append((creator, id(x), x if stores_grad else None, stores_grad))
-        n = engine._op_names[0]
-        engine._op_names[0] = n + 1
         op = object.__new__(self.cls)
         state = op.__dict__
         state.update(self.attrs)
-        state["name"] = f"{self.prefix}#{n}"
+        state["name"] = next_name(self.prefix)
         state["src"] = src
         args = tuple([x._data for x in xs])
         writes = ()
@@ -134,26 +132,26 @@ class Recipe:
             args += tuple([t._data for t in op.reads()])
         try:
             if self.keeps:
-                ys, pullback, new_state = replay.run(_forward_vjp_kernel, self.statics, args,
+                ys, pullback, new_state = replay.run(forward_vjp_kernel, self.statics, args,
                                                      device)
                 if type(ys) is Deferred and type(pullback) is Residuals:  # recorded
                     # the pullback as the leaves a fused walk takes, gathered now: the walk
                     # reads them as they are
-                    state["_pullback"] = _FLAT
+                    state["_pullback"] = FLAT
                     state["_flat"] = (residuals.leaves(pullback, args, (ys,)),
                                       pullback.layout[0])
                 else:
-                    state["_pullback"] = _kept_pullback(pullback, args, ys, device)
+                    state["_pullback"] = kept_pullback(pullback, args, ys, device)
                     state["_flat"] = None
                 state["_all_inputs"] = None if self.every is None else (args, self.every)
             else:
-                ys = replay.run(_forward, self.statics, args, device)
+                ys = replay.run(forward_kernel, self.statics, args, device)
                 new_state = ()
                 if writes:
-                    ys, new_state = _split_state(ys, len(writes))
+                    ys, new_state = split_state(ys, len(writes))
         except (TypeError, ValueError) as e:  # (a signature that worked before: not expected)
-            raise _op_error(self.prefix, args, state.get("static", {}), e) from None
-        _store_writes(writes, new_state)
+            raise op_error(self.prefix, args, state.get("static", {}), e) from None
+        store_writes(writes, new_state)
         y = op._output(ys, 0, device, self.requires_grad, True)  # (the engine's, as generic)
         state["y_id2idx"] = {id(y): 0}
         return y
@@ -161,7 +159,7 @@ class Recipe:
 
 def recorded_by_kind(cls: type) -> bool:
     """Whether calls of the op class ``cls`` may be recorded from recipes: a
-    :class:`~.function.Function` with a gradient whose forward eager replay may record."""
+    :class:`~singa_jax.autograd.Function` with a gradient whose forward eager replay may record."""
     return issubclass(cls, Function) and not issubclass(cls, NonDifferentiable) and \
         bool(cls.replayable)
 

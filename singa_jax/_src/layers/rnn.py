@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from singa_jax._src.layers import initializer as init
-from singa_jax._src.autodiff.function import make_function
+from singa_jax._src.ops.declare import make_function
 from singa_jax._src.ops.nn import _rnn_direction
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.layers.base import Layer

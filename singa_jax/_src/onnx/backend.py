@@ -35,7 +35,7 @@ from onnx.backend.base import Backend, BackendRep
 from singa_jax._src.runtime import device as device_module
 from singa_jax._src.base import modes
 from singa_jax._src.autodiff import residuals
-from singa_jax._src.autodiff.function import _pullback
+from singa_jax._src.autodiff.kernels import pullback_kernel
 from singa_jax._src.layers.base import Layer
 from singa_jax._src.backend.xla_options import kernel
 from singa_jax._src.onnx.cast_ops import LOW_BIT_TYPES
@@ -47,7 +47,7 @@ from singa_jax._src.onnx.program import (GraphProgram, HostValues, OnnxAttribute
 from singa_jax._src.onnx.sequence_ops import (SEQUENCE, base_kind, feed_value, map_tensors,
                                               output_value, run_node_type)
 from singa_jax._src.onnx.singa_names import RENAME_OPERATORS
-from singa_jax._src.autodiff.engine import Operator
+from singa_jax._src.autodiff.operator import Operator
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.ops.elementwise import cast
 
@@ -163,7 +163,7 @@ class GraphOp(Operator):
             raise RuntimeError(f"{self.name}: backward needs a forward run in training mode "
                                f"(autograd.training = True) with an input that requires grad")
         cts = [_cotangent(d, a) for d, a in zip(dys, self._avals)]
-        grads = iter(_pullback(self._vjp, self.out_tree.unflatten(cts)))
+        grads = iter(pullback_kernel(self._vjp, self.out_tree.unflatten(cts)))
         self._vjp = None
         dxs = [next(grads) if d else None for d in self._diff]
         return tuple(dxs) + (None,) * len(self.program.states)

@@ -8,7 +8,7 @@ tie-breaking, argument names and defaults) follow SINGA 5.1; where SINGA's hand-
 was wrong we do not copy it (docs/autograd.md lists the differences).
 
 Families of similar ops are declared one row each: ``Exp, exp = declare("Exp", "exp", ...)``
-gives the op class and SINGA's functional form (see :func:`~singa_jax._src.autodiff.function.declare`).
+gives the op class and SINGA's functional form (see :func:`~singa_jax._src.ops.declare.declare`).
 """
 from __future__ import annotations
 
@@ -18,10 +18,13 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
 
+from singa_jax._src.autodiff.autocast import COMPUTE, FLOAT32
+from singa_jax._src.autodiff.autocast import declare as declare_autocast
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.base.dtypes import to_dtype
 from singa_jax._src.autodiff import residuals
-from singa_jax._src.autodiff.function import Function, InvalidInput, TensorArgsOp, declare
+from singa_jax._src.autodiff.function import Function, InvalidInput, TensorArgsOp
+from singa_jax._src.ops.declare import declare
 
 __all__ = [
     # unary
@@ -387,3 +390,8 @@ def gemm(A: Tensor, B: Tensor, C: Optional[Tensor] = None, alpha: float = 1.0,
     """General matrix multiplication (see :class:`Gemm`)."""
     op = Gemm(alpha, beta, transA, transB)
     return (op(A, B) if C is None else op(A, B, C))[0]
+
+
+# what computes in half precision under autograd.autocast (see autocast.declare)
+declare_autocast(COMPUTE, Matmul, Gemm, AddBias)
+declare_autocast(FLOAT32, SoftMax, Exp, Log, Pow, Reciprocal, SoftPlus, Cosh, Sinh, Acos, Asin, Tan)

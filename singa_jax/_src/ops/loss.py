@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from singa_jax._src.autodiff.autocast import FLOAT32
+from singa_jax._src.autodiff.autocast import declare as declare_autocast
 from singa_jax._src.base.checks import check_indices
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.autodiff.function import Function, InvalidInput, as_tensor
@@ -248,3 +250,8 @@ class RankingLoss(Function):
 
 def ranking_loss(pos: Tensor, neg: Tensor, M: float = 0.2) -> Tensor:
     return RankingLoss(M)(pos, neg)[0]
+
+
+# what computes in half precision under autograd.autocast (see autocast.declare)
+declare_autocast(FLOAT32, SoftMaxCrossEntropy, CrossEntropy, BinaryCrossEntropy, MeanSquareError,
+                 RankingLoss)

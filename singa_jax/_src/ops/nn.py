@@ -16,11 +16,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from singa_jax._src.autodiff.autocast import COMPUTE, FLOAT32, NORMALISE
+from singa_jax._src.autodiff.autocast import declare as declare_autocast
 from singa_jax._src.base.checks import check_indices
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.base.modes import is_training
 from singa_jax._src.backend import conv as conv_cpu
-from singa_jax._src.autodiff import function as _function
+from singa_jax._src.autodiff.kernels import handle_cache, handle_statics
 from singa_jax._src.autodiff import residuals as _residuals
 from singa_jax._src.autodiff.function import Function, InvalidInput
 from singa_jax._src.autodiff.recipes import kind_call
@@ -424,7 +426,7 @@ class _WindowOp(Function):
             odd_padding = NO_ODD_PADDING
         else:
             odd_padding = _odd_padding(odd_padding, op)
-        static, key = _function._handle_statics(
+        static, key = handle_statics(
             handle, odd_padding, lambda: dict(odd_padding=odd_padding, **self.config(handle)))
         super().__init__(**static)
         self._static = key
@@ -484,7 +486,7 @@ def conv2d(handle: ConvHandle, x: Tensor, W: Tensor, b: Optional[Tensor] = None,
     ``odd_padding`` (top, bottom, left, right) is extra zero padding for SAME_UPPER/LOWER."""
     xs = (x, W) if b is None else (x, W, b)
     if type(odd_padding) is tuple and isinstance(handle, ConvHandle):  # (a hashable kind key)
-        return kind_call(_function._handle_cache(handle, "_op_recipes"),
+        return kind_call(handle_cache(handle, "_op_recipes"),
                          ("conv", odd_padding), lambda: _Conv2d(handle, odd_padding), xs)
     return _Conv2d(handle, odd_padding)(*xs)[0]
 
@@ -543,7 +545,7 @@ class _BatchNorm2d(Function):
                                 f"got {type(t).__name__}")
         training, factor, epsilon = is_training(), handle.factor, handle.epsilon
         # (keyed by the mode and the values a user may set on the handle)
-        static, key = _function._handle_statics(
+        static, key = handle_statics(
             handle, (training, factor, epsilon),
             lambda: dict(momentum=factor, epsilon=epsilon, training=training))
         super().__init__(name, **static)
@@ -590,7 +592,7 @@ def batchnorm_2d(handle: BatchNormHandle, x: Tensor, scale: Tensor, bias: Tensor
         # (the kind: this handle's momentum and epsilon, over these running statistics; the
         # recipe holds them, so their ids stay theirs)
         key = ("bn", handle.factor, handle.epsilon, id(running_mean), id(running_var))
-        return kind_call(_function._handle_cache(handle, "_op_recipes"), key,
+        return kind_call(handle_cache(handle, "_op_recipes"), key,
                          lambda: _BatchNorm2d(handle, running_mean, running_var),
                          (x, scale, bias))
     return _BatchNorm2d(handle, running_mean, running_var)(x, scale, bias)[0]
@@ -760,3 +762,8 @@ class _RNN(Function):
         h.seq_length, h.batch_size = x.shape[0], x.shape[1]
         return super().forward(x, hx, cx, w)
 
+
+# what computes in half precision under autograd.autocast (see autocast.declare)
+declare_autocast(COMPUTE, _Conv2d, _RNN)
+declare_autocast(FLOAT32, GlobalAveragePool, CosSim)
+declare_autocast(NORMALISE, _BatchNorm2d)

@@ -12,8 +12,12 @@ from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
+from singa_jax._src.autodiff.autocast import FLOAT32
+from singa_jax._src.autodiff.autocast import declare as declare_autocast
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.autodiff.function import Function, declare, normalize_axis
+from singa_jax._src.autodiff.function import Function
+from singa_jax._src.ops.declare import declare
+from singa_jax._src.ops.helpers import normalize_axis
 
 __all__ = ["Sum", "sum", "Mean", "mean", "Max", "max", "Min", "min", "add_all",
            "ReduceSum", "reduce_sum", "ReduceMean", "reduce_mean"]
@@ -83,3 +87,7 @@ def reduce_sum(x: Tensor, axes: Optional[Sequence[int]] = None, keepdims: int = 
 def reduce_mean(x: Tensor, axes: Optional[Sequence[int]] = None, keepdims: int = 1) -> Tensor:
     """Mean over axes (see :class:`ReduceMean`)."""
     return ReduceMean(axes, keepdims)(x)[0]
+
+
+# what computes in half precision under autograd.autocast (see autocast.declare)
+declare_autocast(FLOAT32, ReduceSum, ReduceMean)

@@ -18,10 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.autodiff.engine import Operator
+from singa_jax._src.autodiff.operator import Operator
 from singa_jax._src.runtime.ctensor import CTensor
-from singa_jax._src.autodiff.function import (Function, NonDifferentiable, TensorArgsOp, functional,
-                                              host_values, normalize_axis)
+from singa_jax._src.autodiff.function import Function, NonDifferentiable, TensorArgsOp
+from singa_jax._src.ops.declare import functional
+from singa_jax._src.ops.helpers import host_values, normalize_axis
 
 __all__ = [
     "Reshape", "reshape", "Flatten", "flatten", "Transpose", "transpose", "Unsqueeze",

@@ -36,7 +36,8 @@ from singa_jax._src.base.modes import enable_grad, is_grad_enabled, no_grad, set
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.tensor import tensor as _handle
 from singa_jax._src.ops.elementwise import Add, Div, Matmul, Mul, Negative, Pow, Sub
-from singa_jax._src.autodiff.engine import backpropagate, fill_like, root_grad
+from singa_jax._src.autodiff.backward import backpropagate, root_grad
+from singa_jax._src.autodiff.kernels import fill_like
 
 __all__ = ["grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled"]
 

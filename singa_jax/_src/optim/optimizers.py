@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from singa_jax._src.autodiff.engine import backward as _backward
+from singa_jax._src.autodiff.backward import backward as _backward
 from singa_jax._src.runtime.device import Device
 from singa_jax._src.base.dtypes import is_inexact
 from singa_jax._src.base.modes import autocast_dtype, current_trace_hook
