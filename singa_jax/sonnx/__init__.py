@@ -15,8 +15,8 @@ from singa_jax._src.onnx.backend import (
 from singa_jax._src.onnx.sonnx_model import SONNXModel as SONNXModel
 from singa_jax._src.onnx.program import (
     OnnxNode as OnnxNode, OnnxAttributes as OnnxAttributes, GraphProgram as GraphProgram)
-from singa_jax._src.onnx.ops import (
-    UnsupportedOnnx as UnsupportedOnnx, OPS as OPS, op_table_markdown as op_table_markdown)
+from singa_jax._src.onnx.registry import UnsupportedOnnx as UnsupportedOnnx, OPS as OPS
+from singa_jax._src.onnx.catalog import op_table_markdown as op_table_markdown
 from singa_jax._src.onnx.api import (
     OrderedDict as OrderedDict, namedtuple as namedtuple, cpu_dev as cpu_dev, gpu_dev as gpu_dev,
     prepare as prepare, run_node as run_node, get_op as get_op, to_onnx as to_onnx, save as save,

@@ -1,7 +1,7 @@
 """ONNX import: an ONNX model becomes ONE pure JAX function, run as one singa_jax operator.
 
 ``prepare(model)`` checks the model (``onnx.checker``), looks every node up in the op table
-(:mod:`singa_jax._src.onnx.ops`, :mod:`singa_jax._src.onnx.nn_ops`, :mod:`singa_jax._src.onnx.cast_ops`,
+(:mod:`singa_jax._src.onnx.tensor_ops`, :mod:`singa_jax._src.onnx.nn_ops`, :mod:`singa_jax._src.onnx.cast_ops`,
 :mod:`singa_jax._src.onnx.sequence_ops`) and rejects, before anything runs, an op type, attribute or
 attribute value it cannot run, naming the node, op type and opset (the checked graph:
 :class:`~singa_jax.sonnx.GraphProgram`).
@@ -39,8 +39,8 @@ from singa_jax._src.autodiff.kernels import pullback_kernel
 from singa_jax._src.layers.base import Layer
 from singa_jax._src.backend.xla_options import kernel
 from singa_jax._src.onnx.cast_ops import LOW_BIT_TYPES
-from singa_jax._src.onnx.frontend import make_model_at_opset
-from singa_jax._src.onnx.ops import OpSpec, UnsupportedOnnx, jax_dtype
+from singa_jax._src.onnx.opsets import default_opset, make_model_at_opset
+from singa_jax._src.onnx.registry import OpSpec, jax_dtype
 # the graph program (re-exported: SINGA's names OnnxNode, OnnxAttributes live in its backend)
 from singa_jax._src.onnx.program import (GraphProgram, HostValues, OnnxAttributes, OnnxNode,
                                          ValueInfo, lookup_spec)
@@ -508,7 +508,7 @@ class SingaBackend(Backend):
         if not isinstance(model, onnx.ModelProto):
             raise TypeError(f"prepare: expects an onnx.ModelProto, got {type(model).__name__}")
         super().prepare(model, device if isinstance(device, str) else "CPU", **kwargs)
-        program = GraphProgram(model.graph, _default_opset(model))
+        program = GraphProgram(model.graph, default_opset(model))
         init = {**program.params, **program.states}
         return SingaRep(init, program.inputs, program.outputs, program, device)
 
@@ -541,10 +541,3 @@ class SingaBackend(Backend):
         model = onnx.shape_inference.infer_shapes(model)  # types the outputs for the checker
         rep = SingaBackend.prepare(model, device)
         return collections.OrderedDict(zip([o.name for o in outs], rep.run(arrays)))
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return int(imp.version)
-    raise UnsupportedOnnx("the model imports no version of the default ONNX operator set")

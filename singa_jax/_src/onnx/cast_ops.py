@@ -1,5 +1,5 @@
 """The import op table, casting family: Cast and CastLike, ONNX's 8-, 4- and 2-bit element
-types included. Same calling convention as :mod:`singa_jax._src.onnx.ops`.
+types included. Same calling convention as :mod:`.registry`.
 
 JAX holds every one of these types as an array type (``ml_dtypes``: float8_e4m3fn,
 float8_e4m3fnuz, float8_e5m2, float8_e5m2fnuz, float8_e8m0fnu, float4_e2m1fn, int4, uint4, int2,
@@ -26,7 +26,7 @@ import numpy as np
 from jax import lax
 from onnx import helper
 
-from singa_jax._src.onnx.ops import NodeCall, jax_dtype, register
+from singa_jax._src.onnx.registry import NodeCall, jax_dtype, register
 
 __all__ = ["LOW_BIT_TYPES", "FLOAT8_TYPES", "ROUND_MODES", "cast_to"]
 

@@ -8,7 +8,7 @@ import pathlib
 import re
 import sys
 
-from singa_jax._src.onnx.ops import op_table_markdown
+from singa_jax._src.onnx.catalog import op_table_markdown
 
 START, END = "<!-- op-table:start -->\n", "<!-- op-table:end -->"
 

@@ -20,37 +20,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
+from singa_jax._src.onnx.opsets import (DEFAULT_OPSET, MIN_OPSET, RUNTIME_MAX_OPSET, default_opset,
+                                       ir_version_for, make_model_at_opset)
+from singa_jax._src.onnx.program import GraphProgram, HostValues
+from singa_jax._src.onnx.registry import jax_dtype
 from singa_jax._src.ops.shape import unsqueeze_positions
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.base.node import Dummy
 
 __all__ = ["SingaFrontend", "EXPORTERS", "DEFAULT_OPSET", "MIN_OPSET", "RUNTIME_MAX_OPSET",
            "ir_version_for", "make_model_at_opset"]
-
-#: The newest opset (21, ONNX IR version 10) that onnxruntime 1.18 -- the floor of the ``onnx``
-#: extra -- loads. An export at onnx's newest opset carries onnx's newest IR version (14 with
-#: onnx 1.23), which an older onnxruntime refuses ("Unsupported model IR version").
-RUNTIME_MAX_OPSET = 21
-#: the default export opset: RUNTIME_MAX_OPSET, or onnx's newest when that is older (onnx 1.16,
-#: the extra's floor, defines 21); ``opset_version=`` asks for another
-DEFAULT_OPSET = min(onnx.defs.onnx_opset_version(), RUNTIME_MAX_OPSET)
-MIN_OPSET = 11  # SINGA's
-
-
-def ir_version_for(opset: int) -> int:
-    """The ONNX IR version a model importing the default domain at ``opset`` needs (the oldest
-    that defines it: 10 for opset 21), not onnx's newest -- so that a runtime which reads that
-    opset also loads the file."""
-    return helper.find_min_ir_version_for([helper.make_opsetid("", opset)])
-
-
-def make_model_at_opset(graph: onnx.GraphProto, opset: int, **kwargs: Any) -> onnx.ModelProto:
-    """``helper.make_model`` importing the default domain at ``opset``, with the IR version that
-    opset needs (``helper.make_model`` alone writes onnx's newest)."""
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], **kwargs)
-    model.ir_version = ir_version_for(opset)
-    return model
-
 
 class _Export:
     """The growing graph: nodes, initializers, names; one per export."""
@@ -701,13 +680,11 @@ def _batch_dims(model: onnx.ModelProto) -> Optional[int]:
 def _batch_can_vary(model: onnx.ModelProto) -> bool:
     """True when the graph computes outputs of batch b + 1 from inputs of batch b + 1 (its
     shapes evaluated by the importer, without computing anything)."""
-    from singa_jax._src.onnx.program import GraphProgram, HostValues
-    from singa_jax._src.onnx.backend import _default_opset
     b = _batch_dims(model)
     if b is None:
         return False
     try:
-        program = GraphProgram(model.graph, _default_opset(model))
+        program = GraphProgram(model.graph, default_opset(model))
         if program.host_inputs:
             return False
         specs = [jax.ShapeDtypeStruct((b + 1,) + tuple(v.shape[1:]), _jax_type(v.dtype))
@@ -723,7 +700,6 @@ def _batch_can_vary(model: onnx.ModelProto) -> bool:
 
 
 def _jax_type(onnx_type: int) -> np.dtype:
-    from singa_jax._src.onnx.ops import jax_dtype
     return jax_dtype(onnx_type)
 
 

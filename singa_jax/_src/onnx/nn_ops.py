@@ -1,5 +1,5 @@
 """The import op table, neural-network family: convolution, pooling, normalisation, dropout,
-resizing and the recurrent ops. Same calling convention as :mod:`singa_jax._src.onnx.ops`.
+resizing and the recurrent ops. Same calling convention as :mod:`.registry`.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from singa_jax._src.onnx.ops import NodeCall, register, static_floats, static_ints
+from singa_jax._src.onnx.registry import NodeCall, register, static_floats, static_ints
 
 __all__ = ["conv_padding", "pool_padding"]
 

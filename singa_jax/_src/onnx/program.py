@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from singa_jax._src.onnx import cast_ops, nn_ops  # noqa: F401 (register the cast and nn families in OPS)
-from singa_jax._src.onnx.ops import OPS, NodeCall, OpSpec, UnsupportedOnnx
+from singa_jax._src.onnx import catalog  # noqa: F401 (every op family registered in OPS)
+from singa_jax._src.onnx.registry import OPS, NodeCall, OpSpec, UnsupportedOnnx
 from singa_jax._src.onnx.sequence_ops import (STRUCTURE_OPS, TENSOR, is_known, map_tensors,
                                               shapes_of, value_kind)
 

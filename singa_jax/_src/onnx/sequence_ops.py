@@ -13,7 +13,7 @@ empty). Inside the one JAX function the importer builds they are:
 So the function stays pure over a pytree of arrays: ``jax.vjp`` differentiates through
 SplitToSequence, SequenceAt, ConcatFromSequence... like through Split and Concat (a sequence of a
 trained parameter trains). A function returns a sequence as a one-output tuple ``(seq,)``: a bare
-tuple means several outputs (:mod:`singa_jax._src.onnx.ops`' convention). Positions (SequenceAt,
+tuple means several outputs (:mod:`.registry`' convention). Positions (SequenceAt,
 SequenceInsert, SequenceErase) and SplitToSequence's ``split`` are static inputs: they decide
 which arrays come out and how many.
 
@@ -30,7 +30,7 @@ import onnx
 from jax import lax
 from onnx import TensorProto, helper
 
-from singa_jax._src.onnx.ops import UnsupportedOnnx, _axis, register, static_ints
+from singa_jax._src.onnx.registry import UnsupportedOnnx, checked_axis, register, static_ints
 
 __all__ = ["TENSOR", "SEQUENCE", "STRUCTURE_OPS", "value_kind", "type_name", "is_optional",
            "base_kind", "is_known", "map_tensors", "shapes_of", "feed_value", "output_value",
@@ -209,7 +209,7 @@ def _position(call, value: Any, n: int, what: str, end_ok: bool) -> int:
 def _split_to_sequence(call, x, split=None):
     """Split along axis: pieces of 1 (keepdims=0 drops the axis), of ``split`` (a scalar: the
     last piece may be shorter) or of the lengths in ``split`` (1-d)."""
-    ax = _axis(call, call.attr("axis", 0), x.ndim)
+    ax = checked_axis(call, call.attr("axis", 0), x.ndim)
     n = x.shape[ax]
     if split is None:
         parts = [1] * n
@@ -290,7 +290,7 @@ def _concat_from_sequence(call, seq):
     if not seq:
         raise ValueError(f"{call.describe()}: cannot concatenate an empty sequence")
     stack = call.attr("new_axis", 0) == 1
-    ax = _axis(call, call.attr("axis"), seq[0].ndim + stack)
+    ax = checked_axis(call, call.attr("axis"), seq[0].ndim + stack)
     return jnp.stack(seq, ax) if stack else jnp.concatenate(seq, ax)
 
 

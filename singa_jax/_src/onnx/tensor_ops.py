@@ -1,28 +1,9 @@
-"""The import op table: how each ONNX operator runs in singa_jax.
-
-Every supported ONNX op type maps to an :class:`OpSpec`: a small pure function on arrays
-(``jax.numpy``/``jax.lax``) plus what the op accepts (its attributes, which inputs must be known
-before running, which carry state). :mod:`singa_jax._src.onnx.backend` composes these functions into
-ONE pure JAX function for the whole graph, which runs as one jitted kernel inside one singa_jax
-autograd operator, so gradients reach every parameter through ``jax.vjp``.
-
-Calling convention: ``fn(call, *inputs)`` where ``call`` is the :class:`NodeCall` (attributes,
-opset, training flag, PRNG key) and ``inputs`` are arrays (``None`` for an omitted optional
-input; a sequence is a tuple of arrays, an empty optional None: see sequence_ops). Inputs listed
-in ``static`` arrive as NumPy arrays (shapes, axes, pads...): their values decide output shapes,
-which XLA must know while compiling. The function returns one array or a tuple (one per ONNX
-output; so a sequence output comes back as ``(seq,)``).
-
-This file holds the infrastructure and the elementwise, shape and reduction families;
-:mod:`singa_jax._src.onnx.nn_ops` holds convolution, pooling, normalisation, resizing and RNNs;
-:mod:`singa_jax._src.onnx.cast_ops` holds Cast and CastLike (with ONNX's 8-, 4- and 2-bit types);
-:mod:`singa_jax._src.onnx.sequence_ops` the sequence and optional ops, and Identity.
-"""
+"""The import op table, tensor family: elementwise, reductions, shapes, indexing, constants
+(the calling convention: :mod:`.registry`)."""
 from __future__ import annotations
 
 import builtins
 import math
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
@@ -30,116 +11,15 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 import numpy as np
 from jax import lax
-from onnx import helper
 
-__all__ = ["OpSpec", "NodeCall", "OPS", "register", "static_ints", "jax_dtype", "op_table_rows",
-           "op_table_markdown", "UnsupportedOnnx"]
+from singa_jax._src.onnx.registry import (NodeCall, checked_axis, jax_dtype, register,
+                                         static_floats, static_ints)
 
-
-class UnsupportedOnnx(ValueError):
-    """An ONNX node this backend cannot run (unknown op type, attribute or attribute value)."""
-
-
-@dataclass
-class NodeCall:
-    """One node as its function sees it: type, attributes, opset and the run's mode."""
-
-    name: str
-    op_type: str
-    opset: int
-    attrs: Dict[str, Any]
-    n_outputs: int = 1
-    training: bool = False
-    key: Any = None
-    state_updates: Dict[int, Any] = field(default_factory=dict)  # input position -> new value
-
-    def attr(self, name: str, default: Any = None) -> Any:
-        return self.attrs.get(name, default)
-
-    def describe(self) -> str:
-        return f"node '{self.name}' ({self.op_type}, opset {self.opset})"
-
-    def fail(self, what: str) -> UnsupportedOnnx:
-        return UnsupportedOnnx(f"{self.describe()}: {what}")
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    """How one ONNX op type runs. ``static``: input positions whose VALUES must be known before
-    running (they shape the output). ``const``: positions whose initializers stay fixed (not
-    trainable) though a computed value is fine too. ``state``: positions holding non-trainable
-    state (batch-norm running statistics). ``check(call)`` returns why a node cannot run (an
-    unsupported attribute value) or None."""
-
-    op_type: str
-    fn: Callable
-    attrs: Tuple[str, ...] = ()
-    static: Tuple[int, ...] = ()
-    const: Tuple[int, ...] = ()
-    state: Tuple[int, ...] = ()
-    check: Optional[Callable[[NodeCall], Optional[str]]] = None
-    needs_key: bool = False
-    value_dependent: bool = False  # output shape depends on input values (runs unjitted)
-    doc: str = ""
-
-
-OPS: Dict[str, OpSpec] = {}
-
-
-def register(op_type: str, fn: Callable, attrs: Sequence[str] = (), static: Sequence[int] = (),
-             const: Sequence[int] = (), state: Sequence[int] = (),
-             check: Optional[Callable] = None, needs_key: bool = False,
-             value_dependent: bool = False, doc: str = "") -> OpSpec:
-    """Add one row to :data:`OPS` (and return it)."""
-    spec = OpSpec(op_type, fn, tuple(attrs), tuple(static), tuple(const), tuple(state), check,
-                  needs_key, value_dependent, doc or (fn.__doc__ or "").strip().split("\n")[0])
-    OPS[op_type] = spec
-    return spec
-
-
-# ------------------------------------------------------------------------------------------
-# helpers
-# ------------------------------------------------------------------------------------------
-_NP_TO_JAX = {np.dtype(np.float64): np.dtype(np.float32), np.dtype(np.int64): np.dtype(np.int32),
-              np.dtype(np.uint64): np.dtype(np.uint32),
-              np.dtype(np.complex128): np.dtype(np.complex64)}
-
-
-def jax_dtype(onnx_type: int) -> np.dtype:
-    """The dtype an ONNX element type has inside singa_jax (64-bit types are 32-bit in JAX
-    unless x64 is enabled)."""
-    dt = np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type))
-    return _NP_TO_JAX.get(dt, dt) if not jax.config.jax_enable_x64 else dt
-
-
-def _static_values(call: NodeCall, value: Any, what: str, cast: Any) -> Optional[Tuple[Any, ...]]:
-    """A static input (NumPy array) as a tuple of ``cast`` values, None when omitted/empty."""
-    if value is None:
-        return None
-    if not isinstance(value, np.ndarray):
-        raise call.fail(f"input '{what}' must be known before running (an initializer, a Constant "
-                        f"or a shape computation), but it depends on the graph's inputs")
-    return tuple(cast(v) for v in value.reshape(-1))
-
-
-def static_ints(call: NodeCall, value: Any, what: str) -> Optional[Tuple[int, ...]]:
-    """A static input as a tuple of Python ints (see :func:`_static_values`)."""
-    return _static_values(call, value, what, int)
-
-
-def static_floats(call: NodeCall, value: Any, what: str) -> Optional[Tuple[float, ...]]:
-    """A static input as a tuple of Python floats (see :func:`_static_values`)."""
-    return _static_values(call, value, what, float)
-
-
-def _axis(call: NodeCall, axis: int, ndim: int) -> int:
-    if not -ndim <= axis < ndim:
-        raise call.fail(f"axis {axis} is out of range for a {ndim}-d input")
-    return axis % ndim
+__all__: list = []  # the ops are registered in OPS
 
 
 def _axes(call: NodeCall, axes: Optional[Sequence[int]], ndim: int) -> Optional[Tuple[int, ...]]:
-    return None if axes is None else tuple(_axis(call, a, ndim) for a in axes)
+    return None if axes is None else tuple(checked_axis(call, a, ndim) for a in axes)
 
 
 def _attr_or_input(call: NodeCall, attr: str, value: Any, since: int) -> Optional[Tuple[int, ...]]:
@@ -321,9 +201,9 @@ def _softmax_axes(call: NodeCall, x) -> Tuple[int, ...]:
     """Opset < 13: the input is viewed as 2-d at ``axis`` (default 1), so the op normalises over
     every axis from ``axis`` on; opset 13+: over ``axis`` (default -1) alone."""
     if call.opset < 13:
-        a = _axis(call, call.attr("axis", 1), max(x.ndim, 1))
+        a = checked_axis(call, call.attr("axis", 1), max(x.ndim, 1))
         return tuple(range(a, x.ndim))
-    return (_axis(call, call.attr("axis", -1), max(x.ndim, 1)),)
+    return (checked_axis(call, call.attr("axis", -1), max(x.ndim, 1)),)
 
 
 def _softmax(call, x):
@@ -407,7 +287,7 @@ for _name, (_fn, _since) in REDUCTIONS.items():
 
 def _arg(which: Callable) -> Callable:
     def run(call, x):
-        axis = _axis(call, call.attr("axis", 0), x.ndim)
+        axis = checked_axis(call, call.attr("axis", 0), x.ndim)
         if call.attr("select_last_index", 0):
             flipped = jnp.flip(x, axis)
             idx = x.shape[axis] - 1 - which(flipped, axis=axis)
@@ -425,7 +305,7 @@ register("ArgMin", _arg(jnp.argmin), attrs=("axis", "keepdims", "select_last_ind
 
 
 def _cumsum(call, x, axis):
-    ax = _axis(call, static_ints(call, axis, "axis")[0], x.ndim)
+    ax = checked_axis(call, static_ints(call, axis, "axis")[0], x.ndim)
     y = jnp.flip(x, ax) if call.attr("reverse", 0) else x
     out = jnp.cumsum(y, axis=ax)
     if call.attr("exclusive", 0):
@@ -481,11 +361,11 @@ def _unsqueezed_shape(shape, axes):
 
 def _concat(call, *xs):
     xs = [x for x in xs if x is not None]
-    return jnp.concatenate(xs, axis=_axis(call, call.attr("axis"), xs[0].ndim))
+    return jnp.concatenate(xs, axis=checked_axis(call, call.attr("axis"), xs[0].ndim))
 
 
 def _split(call, x, split=None):
-    ax = _axis(call, call.attr("axis", 0), x.ndim)
+    ax = checked_axis(call, call.attr("axis", 0), x.ndim)
     parts = _attr_or_input(call, "split", split, 13)
     n = x.shape[ax]
     if not parts:
@@ -513,7 +393,7 @@ def _slice(call, x, starts=None, ends=None, axes=None, steps=None):
     steps = [1] * len(starts) if steps is None else steps
     index = [builtins.slice(None)] * x.ndim
     for s, e, a, st in zip(starts, ends, axes, steps):
-        a = _axis(call, a, x.ndim)
+        a = checked_axis(call, a, x.ndim)
         n = x.shape[a]
         if st > 0:
             s, e = _clamp_index(s, n, 0, n), _clamp_index(e, n, 0, n)
@@ -525,19 +405,19 @@ def _slice(call, x, starts=None, ends=None, axes=None, steps=None):
 
 
 def _gather(call, x, idx):
-    ax = _axis(call, call.attr("axis", 0), x.ndim)
+    ax = checked_axis(call, call.attr("axis", 0), x.ndim)
     idx = jnp.asarray(idx)
     return jnp.take(x, jnp.where(idx < 0, idx + x.shape[ax], idx), axis=ax)
 
 
 def _gather_elements(call, x, idx):
-    ax = _axis(call, call.attr("axis", 0), x.ndim)
+    ax = checked_axis(call, call.attr("axis", 0), x.ndim)
     idx = jnp.where(idx < 0, idx + x.shape[ax], idx)
     return jnp.take_along_axis(x, idx, axis=ax)
 
 
 def _scatter_elements(call, x, idx, updates):
-    ax = _axis(call, call.attr("axis", 0), x.ndim)
+    ax = checked_axis(call, call.attr("axis", 0), x.ndim)
     grid = list(jnp.indices(idx.shape, sparse=True))
     grid[ax] = jnp.where(idx < 0, idx + x.shape[ax], idx)
     at = x.at[tuple(grid)]
@@ -712,7 +592,7 @@ def _trilu(call, x, k=None):
 
 def _topk(call, x, k):
     k = static_ints(call, k, "K")[0]
-    ax = _axis(call, call.attr("axis", -1), x.ndim)
+    ax = checked_axis(call, call.attr("axis", -1), x.ndim)
     moved = jnp.moveaxis(x, ax, -1)
     vals, idx = lax.top_k(moved if call.attr("largest", 1) else -moved, k)
     vals = vals if call.attr("largest", 1) else -vals
@@ -737,24 +617,3 @@ register("TopK", _topk, attrs=("axis", "largest", "sorted"), static=(1,),
          doc="k largest (or smallest) along axis, sorted")
 
 
-# ------------------------------------------------------------------------------------------
-# the generated op table (docs/onnx.md)
-# ------------------------------------------------------------------------------------------
-def op_table_rows() -> Sequence[Tuple[str, str, str, str]]:
-    """(op type, attributes, inputs that must be constants, summary) for every supported op,
-    sorted by op type."""
-    # register the other families (Identity, which takes sequences too, is in sequence_ops)
-    from singa_jax._src.onnx import cast_ops, nn_ops, sequence_ops  # noqa: F401
-    rows = []
-    for name in sorted(OPS):
-        spec = OPS[name]
-        static = ", ".join(str(i) for i in spec.static) or "-"
-        rows.append((name, ", ".join(spec.attrs) or "-", static, spec.doc))
-    return rows
-
-
-def op_table_markdown() -> str:
-    """The markdown table docs/onnx.md embeds (a test checks they agree)."""
-    lines = ["| ONNX op | attributes | constant inputs | notes |", "| --- | --- | --- | --- |"]
-    lines += [f"| {n} | {a} | {s} | {d} |" for n, a, s, d in op_table_rows()]
-    return "\n".join(lines) + "\n"
