@@ -329,7 +329,7 @@ def test_a_tiered_step_runs_quick_then_optimised_and_equals_a_step_compiled_once
         net = build(OPTIMIZERS["sgd_momentum"], True)
         runner = net._graph_runner
         losses = []
-        with graph_mod.tiered_compilation(mode):
+        with model.tiered_compilation(mode):
             losses.append(float(net(*data(0))[1].array[0]))
             prog = _program(net)
             quick = prog.compiled
@@ -388,7 +388,7 @@ def test_tiers_only_where_they_pay(monkeypatch, tier_records):
         for name in os.listdir(tier_records):  # no program recorded as cached yet
             os.remove(tier_records / name)
         net = build(OPTIMIZERS["sgd_momentum"], True)
-        with graph_mod.tiered_compilation(mode):
+        with model.tiered_compilation(mode):
             if ahead:
                 assert net.compile_step(*data(0)) is True
             net(*data(0))
@@ -413,7 +413,7 @@ def test_tiers_only_where_they_pay(monkeypatch, tier_records):
         for name in os.listdir(tier_records):
             os.remove(tier_records / name)
         net = build(OPTIMIZERS["sgd_momentum"], True)
-        with graph_mod.tiered_compilation("auto"):
+        with model.tiered_compilation("auto"):
             net(*data(0))
             prog = _program(net)
             quick, pending = prog.compiled, prog.pending
@@ -446,13 +446,13 @@ def test_the_tiers_switch(monkeypatch):
         monkeypatch.setenv(graph_tiers.ENV, setting)
         assert graph_tiers.tiers_mode() == mode
     monkeypatch.setenv(graph_tiers.ENV, "0")
-    with graph_mod.tiered_compilation(True):
+    with model.tiered_compilation(True):
         assert graph_tiers.tiers_mode() is True
-        with graph_mod.tiered_compilation("always"):
+        with model.tiered_compilation("always"):
             assert graph_tiers.tiers_mode() == "always"
     assert graph_tiers.tiers_mode() is False
     with pytest.raises(ValueError, match="tiered_compilation"):
-        graph_mod.tiered_compilation("sometimes")
+        model.tiered_compilation("sometimes")
 
 
 def test_a_program_recorded_in_the_persistent_cache_is_not_compiled_in_tiers(
@@ -471,7 +471,7 @@ def test_a_program_recorded_in_the_persistent_cache_is_not_compiled_in_tiers(
         net._graph_runner.finish_compiling()
         return net._graph_runner.tiered_count
 
-    with _optimising(), graph_mod.tiered_compilation(True):
+    with _optimising(), model.tiered_compilation(True):
         assert [tiered(), tiered()] == [1, 0]
         assert len(os.listdir(tier_records)) == 1
         monkeypatch.setattr(graph_tiers, "_records_folder", lambda: None)
@@ -490,7 +490,7 @@ def test_a_failed_optimised_compile_leaves_the_quick_program_serving(monkeypatch
     runs = []
     for mode in ("always", False):
         net = build(OPTIMIZERS["sgd_momentum"], True)
-        with graph_mod.tiered_compilation(mode):
+        with model.tiered_compilation(mode):
             losses = [float(net(*data(0))[1].array[0])]
             quick = _program(net).compiled
             if mode:

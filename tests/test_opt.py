@@ -391,13 +391,13 @@ def test_fused_update_equals_per_param_update(kind, hp):
 
 def test_one_kernel_launch_per_step(monkeypatch):
     calls = []
-    real = optimizers._fused_update
+    real = optimizers.fused_update
 
     def counting(*args, **kwargs):
         calls.append(len(args[6]))  # the list of params
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(optimizers, "_fused_update", counting)  # the name Optimizer calls
+    monkeypatch.setattr(optimizers, "fused_update", counting)  # the name Optimizer calls
     params = make_params()
     o = opt.Adam(lr=0.01)
     for _ in range(3):

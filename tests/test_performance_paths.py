@@ -205,16 +205,16 @@ def test_fills_equal_jnp_full_on_their_device_and_are_device_ops_inside_traces(d
     """``Tensor(shape)``, ``zeros``/``ones`` and ``set_value`` fill on the host on CPU (no program
     per shape): the same values, dtype and device as ``jnp.full``; inside a trace the fill stays
     a device op (a broadcast, not a constant the size of the array)."""
-    from singa_jax._src.tensor.tensor import _filled
+    from singa_jax._src.tensor.tensor import filled
     devices = device.create_cpu_devices(2) if len(jax.devices()) >= 2 else \
         [device.get_default_device()]
     for d in devices:
         for value in (0, 1):
-            a = _filled((3, 4), value, dtype, d)
+            a = filled((3, 4), value, dtype, d)
             assert a.dtype == jnp.dtype(dtype) and a.devices() == {d.jax_device}
             np.testing.assert_array_equal(np.asarray(a), np.asarray(jnp.full((3, 4), value,
                                                                              dtype)))
-    text = jax.jit(lambda: _filled((64, 64), 1, dtype, devices[-1])).lower().as_text()
+    text = jax.jit(lambda: filled((64, 64), 1, dtype, devices[-1])).lower().as_text()
     assert "broadcast_in_dim" in text
 
 
@@ -224,12 +224,12 @@ def test_fills_inside_compile_time_eval_are_concrete_and_the_mode_is_scoped():
     (restored when it raises) and to its thread."""
     import threading
     from singa_jax._src.base import modes
-    from singa_jax._src.tensor.tensor import _filled
+    from singa_jax._src.tensor.tensor import filled
     seen = {}
 
     def traced(x):
         with modes.compile_time_eval():
-            seen["inside"] = _filled((2, 3), 1.5, np.float32, device.get_default_device())
+            seen["inside"] = filled((2, 3), 1.5, np.float32, device.get_default_device())
             worker = threading.Thread(
                 target=lambda: seen.update(other=modes.in_compile_time_eval()))
             worker.start()

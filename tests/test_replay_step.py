@@ -156,8 +156,8 @@ def test_a_recurring_training_step_is_one_program_without_residuals_or_gradients
     assert after["replayed"] - before["replayed"] == 1
     assert after["op_by_op"] == before["op_by_op"]
     calls, live, outputs = compiled[-1]
-    assert fused._replay in calls and update._recorded_update_kernel in calls
-    assert calls[-1] is update._advance_unless_skipped  # the optimizer's step() too
+    assert fused._replay in calls and update.recorded_update_kernel in calls
+    assert calls[-1] is update.advance_unless_skipped  # the optimizer's step() too
     # what it returns: the parameters, slots and buffers it rebinds (the step counter
     # included), the guard's state and the call's two results -- no residual, no gradient
     rebound = len(net.get_states()) + len(net.optimizer.get_states())

@@ -20,7 +20,7 @@ from singa_jax._src.base.modes import is_grad_enabled
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.tensor.tensor import CountView, result_tensor
 from singa_jax._src.eager import replay
-from singa_jax._src.eager.replay import Deferred, _ArrayImpl
+from singa_jax._src.eager.replay import Deferred, ArrayImpl
 
 __all__ = ["Operator", "Operation", "next_name"]
 
@@ -156,7 +156,7 @@ class Operator(Node):
             t = result_tensor(y, device, requires_grad, self, self.output_name(idx), True)
             replay.bind(t, y)
             return t
-        if kind is _ArrayImpl or isinstance(y, (jax.Array, jax.core.Tracer)):
+        if kind is ArrayImpl or isinstance(y, (jax.Array, jax.core.Tracer)):
             return result_tensor(y, device, requires_grad, self, self.output_name(idx), placed)
         return Tensor(device=device, data=y, requires_grad=requires_grad, creator=self,
                       name=self.output_name(idx))

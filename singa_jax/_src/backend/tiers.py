@@ -75,7 +75,7 @@ import jax.extend.core as jex_core
 
 from singa_jax._src.backend import xla_options
 from singa_jax._src.base.env import switched_off
-from singa_jax._src.base.modes import _ScopedFlag
+from singa_jax._src.base.modes import ScopedFlag
 
 __all__ = ["tiered_compilation", "tiers_mode", "plan", "Pending", "MIN_SECONDS_SAVED", "ENV",
            "program_size"]
@@ -98,7 +98,7 @@ _MODE: contextvars.ContextVar[Optional[Mode]] = contextvars.ContextVar(
 MODES = (False, "auto", True, "always")
 
 
-class tiered_compilation(_ScopedFlag):
+class tiered_compilation(ScopedFlag):
     """Whether graph mode compiles a step in two tiers (see :mod:`singa_jax._src.backend.tiers`)
     inside the block or the decorated function (this thread only): ``"auto"`` (the default:
     where the quick program can serve calls while the optimised one compiles), ``True`` (also

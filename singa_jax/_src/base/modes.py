@@ -85,7 +85,7 @@ def is_grad_enabled() -> bool:
     return _GRAD_ENABLED.get()
 
 
-class _ScopedFlag:
+class ScopedFlag:
     """The flag ``var`` set to ``mode`` for the duration of a ``with`` block or of each call of
     a decorated function (this thread only)."""
 
@@ -116,7 +116,7 @@ class _ScopedFlag:
         return wrapped  # type: ignore[return-value]
 
 
-class _GradMode(_ScopedFlag):
+class _GradMode(ScopedFlag):
     """Grad mode ``mode`` for the duration of a ``with`` block or of each call of a decorated
     function."""
 
@@ -160,7 +160,7 @@ def is_backward_fused() -> bool:
     return _FUSED_BACKWARD.get()
 
 
-class fused_backward(_ScopedFlag):
+class fused_backward(ScopedFlag):
     """Whether a recurring backward walk runs as one kernel (default True) inside the block or
     the decorated function (this thread only). ``fused_backward(False)`` walks op by op, one
     pullback kernel per operator: the same gradients up to rounding."""
@@ -181,7 +181,7 @@ def is_eager_replay() -> bool:
     return _EAGER_REPLAY.get()
 
 
-class eager_replay(_ScopedFlag):
+class eager_replay(ScopedFlag):
     """Whether a recurring sequence of eager operators runs as one compiled program (default
     True) inside the block or the decorated function (this thread only); ``eager_replay(False)``
     runs every operator at once, one kernel each (see :mod:`singa_jax.autograd.replay`).
@@ -204,7 +204,7 @@ def is_replay_speculating() -> bool:
     return _REPLAY_SPECULATION.get()
 
 
-class replay_speculation(_ScopedFlag):
+class replay_speculation(ScopedFlag):
     """Whether eager replay starts a recurring segment's program before the segment's recording
     ends, where its remaining inputs can be predicted (default True), inside the block or the
     decorated function (this thread only). ``SINGA_JAX_REPLAY_SPECULATE=0`` turns it off for
@@ -227,7 +227,7 @@ def autocast_dtype() -> Optional[Any]:
     return _AUTOCAST.get()
 
 
-class autocast_mode(_ScopedFlag):
+class autocast_mode(ScopedFlag):
     """The autocast compute dtype ``dtype`` (None: no autocast) inside the block or the decorated
     function (this thread only). ``autograd.autocast`` is the public, validating spelling."""
 

@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
 from singa_jax._src.data.transforms import batch_key
+from singa_jax._src.runtime.device import get_default_device
 
 __all__ = ["DeviceLoader", "EpochBatches"]
 
@@ -56,7 +57,6 @@ def _sharding_of(device: Any, sharding: Placement, where: str) -> Sharding:
         mesh = Mesh(np.array(devices, dtype=object), ("batch",))
         return NamedSharding(mesh, PartitionSpec("batch"))
     if device is None:
-        from singa_jax._src.runtime.device import get_default_device
         device = get_default_device()
     jax_device = getattr(device, "jax_device", device)  # a singa_jax Device wraps one
     if not isinstance(jax_device, jax.Device):

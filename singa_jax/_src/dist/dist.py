@@ -31,7 +31,7 @@ float16; ``partialUpdate`` averages one round-robin partition of the parameters 
 kept for the next step (``corr``). A rank with several local devices contributes the mean of its
 devices' gradients (the gradient of its own batch). Consistency between ranks (same shapes, all
 present) is checked through the coordination service with a bounded time-out
-(:func:`_agree`), so a wrong launch raises on every rank instead of hanging.
+(:func:`agree`), so a wrong launch raises on every rank instead of hanging.
 """
 from __future__ import annotations
 
@@ -46,10 +46,10 @@ import numpy as np
 
 from singa_jax._src.runtime.ctensor import CTensor
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.optim.optimizers import SGD, Optimizer, _param_name, _state_tensor
-from singa_jax._src.optim.schedules import _check_real
-from singa_jax._src.runtime.cluster import TIMEOUT_ENV, _join, _sparsify, _to_half
-from singa_jax._src.dist.spmd import _SPMD_BODY, ZERO_AXES, SpmdStep, zero_dim, zero_spec
+from singa_jax._src.optim.optimizers import SGD, Optimizer, param_name, state_tensor
+from singa_jax._src.optim.schedules import check_real
+from singa_jax._src.runtime.cluster import TIMEOUT_ENV, join_run, sparsify, to_half
+from singa_jax._src.dist.spmd import SPMD_BODY, ZERO_AXES, SpmdStep, zero_dim, zero_spec
 from singa_jax._src.runtime.cluster import LOCAL, RANK
 from singa_jax._src.base.dtypes import float32
 
@@ -160,7 +160,7 @@ class DistOpt:
                             ("shard_parameters", shard_parameters)):
             if not isinstance(value, bool):
                 raise TypeError(f"DistOpt: {name} must be a bool, got {value!r}")
-        cluster, local = _join(nccl_id, local_rank, world_size)
+        cluster, local = join_run(nccl_id, local_rank, world_size)
         # sharded parameters are updated by the device holding their part, so their slots are
         # split alike: FSDP includes ZeRO stage 1
         self.shard_optimizer_state = shard_optimizer_state or shard_parameters
@@ -208,7 +208,7 @@ class DistOpt:
              scale: float = 1.0, of_rank_values: bool = False) -> List[Any]:
         """Each array summed over the ranks (optionally clipped and sent as float16), times
         ``scale``."""
-        spmd = _SPMD_BODY.get()
+        spmd = SPMD_BODY.get()
         if spmd is not None:
             if half or clip is not None:
                 if not of_rank_values:
@@ -217,7 +217,7 @@ class DistOpt:
                     arrays = [jnp.clip(a, -clip, clip) for a in arrays]
                 dtypes = [a.dtype for a in arrays]
                 arrays = [s.astype(d) for s, d in zip(spmd.sum_over_ranks(
-                    [_to_half(a) for a in arrays], True), dtypes)]
+                    [to_half(a) for a in arrays], True), dtypes)]
             else:
                 arrays = spmd.sum_over_ranks(arrays, of_rank_values)
             return [a * scale for a in arrays] if scale != 1 else arrays
@@ -230,7 +230,7 @@ class DistOpt:
         return self._cluster.sum_over_ranks(list(arrays), half, clip, scale)
 
     def _rank_values(self, arrays: List[Any]) -> List[Any]:
-        spmd = _SPMD_BODY.get()
+        spmd = SPMD_BODY.get()
         return spmd.rank_values(arrays) if spmd is not None else list(arrays)
 
     def _eager_check(self, what: str) -> None:
@@ -239,7 +239,7 @@ class DistOpt:
         the whole rank batch) and is told once how to use them all; the sharded optimizer
         state (and sharded parameters) are graph mode's only. (docs/distributed.md says why
         eager mode is not SPMD.)"""
-        if _SPMD_BODY.get() is not None:
+        if SPMD_BODY.get() is not None:
             return
         if self.shard_optimizer_state and self._spmd is not None:
             which = "shard_parameters" if self.shard_parameters else "shard_optimizer_state"
@@ -255,7 +255,7 @@ class DistOpt:
                 f"to use them all", RuntimeWarning, stacklevel=3)
 
     def _zero_check(self, what: str) -> None:
-        if self.shard_optimizer_state and _SPMD_BODY.get() is not None:
+        if self.shard_optimizer_state and SPMD_BODY.get() is not None:
             raise NotImplementedError(
                 f"DistOpt.{what}: shard_optimizer_state=True (and shard_parameters=True) support "
                 f"backward_and_update ('plain') and backward_and_update_half ('half'); partial "
@@ -270,7 +270,7 @@ class DistOpt:
         is summed and updated whole, as in plain data parallelism. With ``shard_parameters``
         the part comes from the step's input (the parameter arrived as it) and the step
         returns the updated part: the final all-gather then has no use and is left out."""
-        spmd = _SPMD_BODY.get()
+        spmd = SPMD_BODY.get()
         world, m, devices = self.world_size, self._cluster.num_local, spmd.devices
         dims = [zero_dim(tuple(p.shape), devices) for p, _ in pairs]
         whole = [i for i, d in enumerate(dims) if d is None]
@@ -291,7 +291,7 @@ class DistOpt:
                     grad = jax.lax.psum_scatter(grad, LOCAL, scatter_dimension=d, tiled=True) / m
                 if clip is not None:
                     grad = jnp.clip(grad, -clip, clip)
-                grad = _to_half(grad)
+                grad = to_half(grad)
                 if world > 1:  # (over one rank: the rounding alone, no collective)
                     grad = jax.lax.psum_scatter(grad, RANK, scatter_dimension=d, tiled=True)
                 grad = grad.astype(g.dtype) / world
@@ -313,7 +313,7 @@ class DistOpt:
             if d is None:
                 continue
             shape = full_shapes[id(p)]
-            key = self.opt._slot_key(_param_name(p), p)
+            key = self.opt._slot_key(param_name(p), p)
             for kind in kinds:  # a slot born in this step leaves it split, as it will stay
                 spmd.register_born(self.opt._slot_dict(kind)[key].array,
                                    zero_spec(shape, devices))
@@ -360,7 +360,7 @@ class DistOpt:
         first and receives what the rank did not send (SINGA's ``corr``).
         """
         items, as_list = _arrays_of(tensor)
-        spars = _check_real("DistOpt.sparsification", "spars", spars)
+        spars = check_real("DistOpt.sparsification", "spars", spars)
         if spars < 0 or (topK and spars > 1):
             raise ValueError(f"DistOpt.sparsification: spars must be >= 0 (and <= 1 with topK), "
                              f"got {spars}")
@@ -370,7 +370,7 @@ class DistOpt:
         if acc is not None and acc.size != total:
             raise ValueError(f"DistOpt.sparsification: accumulation has {acc.size} values but the "
                              f"tensors have {total}")
-        sent, new_acc = _sparsify(self._rank_values(arrays), acc, spars, bool(topK))
+        sent, new_acc = sparsify(self._rank_values(arrays), acc, spars, bool(topK))
         if isinstance(accumulation, Tensor):
             accumulation.array = new_acc
         return _write_back(items, self._sum(sent, of_rank_values=True), as_list)
@@ -392,7 +392,7 @@ class DistOpt:
         combines the all-reduces of one step itself."""
         self._eager_check("backward_and_update")
         pairs = self.opt._gradients(loss)  # (loss-scaled under float16 autocast)
-        if self.shard_optimizer_state and _SPMD_BODY.get() is not None:
+        if self.shard_optimizer_state and SPMD_BODY.get() is not None:
             return self._zero_update(pairs)
         summed = self._sum([g.array for _, g in pairs], scale=1.0 / self.world_size)
         self._update_averaged(pairs, summed)
@@ -407,8 +407,8 @@ class DistOpt:
             if p.dtype != float32:
                 raise TypeError(f"DistOpt.backward_and_update_half: param {p.name!r} is "
                                 f"{p.dtype}; only float32 params are sent as float16")
-        clip = _check_real("DistOpt", "clip_Value", clip_Value) if clipping else None
-        if self.shard_optimizer_state and _SPMD_BODY.get() is not None:
+        clip = check_real("DistOpt", "clip_Value", clip_Value) if clipping else None
+        if self.shard_optimizer_state and SPMD_BODY.get() is not None:
             return self._zero_update(pairs, half=True, clip=clip)
         summed = self._sum([g.array for _, g in pairs], half=True, clip=clip,
                            scale=1.0 / self.world_size) if pairs else []
@@ -422,14 +422,14 @@ class DistOpt:
         self._eager_check("backward_and_partial_update")
         self._zero_check("backward_and_partial_update")
         pairs = self.opt._gradients(loss)  # (loss-scaled under float16 autocast)
-        if _SPMD_BODY.get() is not None:  # the rank's gradient: the mean of its devices'
+        if SPMD_BODY.get() is not None:  # the rank's gradient: the mean of its devices'
             for (_, g), v in zip(pairs, self._rank_values([g.array for _, g in pairs])):
                 g.array = v
         self.opt._apply_all(pairs)
         params = [p for p, _ in pairs]
         groups = _partitions([p.size() for p in params], threshold)
         if "partial" not in self.__dict__:
-            self.partial = _state_tensor(jnp.zeros((1,), jnp.int32), self.opt.step_counter.device)
+            self.partial = state_tensor(jnp.zeros((1,), jnp.int32), self.opt.step_counter.device)
         if groups:
             counter = self.partial.array
             new_values, counter = self._average_partition([p.array for p in params], groups,
@@ -480,7 +480,7 @@ class DistOpt:
                                                                   threshold)]
         if corr and not getattr(self, "sparsInit", False):
             self.gradAccumulation = [
-                _state_tensor(jnp.zeros((sum(g.size() for g in grp),), jnp.float32), grp[0].device)
+                state_tensor(jnp.zeros((sum(g.size() for g in grp),), jnp.float32), grp[0].device)
                 for grp in groups]
             self.sparsInit = True
         if corr and [a.size() for a in self.gradAccumulation] != [

@@ -19,7 +19,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.runtime.cluster import _CLUSTER, LOCAL, RANK, _agree
+from singa_jax._src.runtime.cluster import LOCAL, RANK, agree
+from singa_jax._src.runtime.mesh import gathered, host_value, on_device
+from singa_jax._src.graph.layout import tensors_in
 
 if TYPE_CHECKING:
     from singa_jax._src.dist.dist import DistOpt
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 # Graph mode: the whole data-parallel step as one SPMD program
 # ------------------------------------------------------------------------------------------
 # The SpmdStep whose shard_map body is being traced on this thread (DistOpt's sums become psum).
-_SPMD_BODY: contextvars.ContextVar[Optional["SpmdStep"]] = contextvars.ContextVar(
+SPMD_BODY: contextvars.ContextVar[Optional["SpmdStep"]] = contextvars.ContextVar(
     "singa_jax.spmd_body", default=None)
 
 
@@ -131,7 +133,7 @@ class SpmdStep:
                            f"shape {tuple(a.shape)}; use a batch size divisible by {m}")
         signature = (f"{where} state={[(tuple(a.shape), str(a.dtype)) for a in state_arrays]} "
                      f"batch={[(tuple(a.shape), str(a.dtype)) for a in batch]}")
-        _agree(cluster, f"compiling {where}", "ERROR: " + problem if problem else signature)
+        agree(cluster, f"compiling {where}", "ERROR: " + problem if problem else signature)
         if problem:
             raise ValueError(problem)
         per_shard_batch = batch[0].shape[0] // m
@@ -155,11 +157,11 @@ class SpmdStep:
                 full = jax.lax.all_gather(state_arrays[i], ZERO_AXES, axis=d, tiled=True)
                 self.register_gathered(full, state_arrays[i])
                 state_arrays[i] = full
-            token = _SPMD_BODY.set(self)
+            token = SPMD_BODY.set(self)
             try:
                 new_state, new_keys, extra, results = step(state_arrays, keys, batch)
             finally:
-                _SPMD_BODY.reset(token)
+                SPMD_BODY.reset(token)
             if sharded_params:
                 new_state = list(new_state)
                 for i, d in sharded_params:  # (a parameter without gradient: its input shard)
@@ -241,7 +243,6 @@ class SpmdStep:
 
 def _tensors_of(dist: "DistOpt") -> List[Tensor]:
     """Every Tensor a DistOpt and its optimizer hold (slots, counters, accumulations)."""
-    from singa_jax._src.graph.layout import tensors_in
     return tensors_in([dist.opt, {k: v for k, v in vars(dist).items() if k != "opt"}])
 
 
@@ -410,7 +411,7 @@ def to_own_devices(tensors: Sequence[Tensor]) -> None:
     """Rebind every Tensor whose array lies over several devices to its whole value on its own
     device (``t.device``): a replicated array gives its shard there (no copy); a sharded one is
     gathered -- with one collective over every process when it spans other processes' devices
-    (every rank must then get here: a rank alone raises TimeoutError, see :func:`_gathered`)."""
+    (every rank must then get here: a rank alone raises TimeoutError, see :func:`~singa_jax._src.runtime.mesh.gathered`)."""
     across = []
     for t in tensors:
         a = t._data
@@ -418,57 +419,17 @@ def to_own_devices(tensors: Sequence[Tensor]) -> None:
                 len(a.sharding.device_set) < 2:
             continue
         if a.is_fully_replicated:
-            t._data = _on_device(a, t.device.jax_device)
+            t._data = on_device(a, t.device.jax_device)
         elif a.is_fully_addressable:
             t._data = jax.device_put(a, t.device.jax_device)
         else:
             across.append(t)
     if across:
-        whole = _gathered([t._data for t in across],
+        whole = gathered([t._data for t in across],
                           "an eager or evaluation call gathering the model's state split over "
                           "the processes' devices (shard_parameters): every rank must make it")
         for t, a in zip(across, whole):
-            t._data = _on_device(a, t.device.jax_device)
-
-
-def host_value(a: jax.Array) -> np.ndarray:
-    """The whole value of ``a`` as a NumPy array (``tensor.to_numpy``): a value sharded over
-    several processes' devices (a ZeRO slot or an FSDP parameter of a multi-process run) is
-    all-gathered, a collective that every rank must run, in the same order -- as every rank
-    calls ``save_states`` or ``to_numpy`` of the same Tensors. The ranks first agree through
-    the coordination service, so a rank reading alone gets a TimeoutError naming the ranks
-    that did not (after ``SINGA_JAX_DIST_TIMEOUT`` seconds) instead of hanging."""
-    if a.is_fully_addressable or a.is_fully_replicated:
-        return np.array(a)
-    return np.array(_gathered([a], f"reading a value {tuple(a.shape)} {a.dtype} split over "
-                                   f"the processes' devices (to_numpy, save_states): every rank "
-                                   f"must read it")[0].addressable_data(0))
-
-
-def _on_device(a: jax.Array, device: jax.Device) -> jax.Array:
-    """A fully replicated ``a`` as a single-device array on ``device`` (its shard there)."""
-    for shard in a.addressable_shards:
-        if shard.device == device:
-            return shard.data
-    return jax.device_put(a.addressable_data(0), device)
-
-
-_REPLICATE: Dict[Any, Callable] = {}  # (mesh, count) -> jitted identity to replicated outputs
-
-
-def _gathered(arrays: List[jax.Array], what: str) -> List[jax.Array]:
-    """``arrays`` (NamedSharding over DistOpt's mesh) replicated over their mesh: one program,
-    a collective over every process after the ranks agreed on it (:func:`cluster._agree`)."""
-    cluster = _CLUSTER[0]
-    if cluster is not None:
-        _agree(cluster, what, repr([(tuple(a.shape), str(a.dtype)) for a in arrays]))
-    mesh = arrays[0].sharding.mesh
-    key = (mesh, len(arrays))
-    program = _REPLICATE.get(key)
-    if program is None:
-        program = _REPLICATE[key] = jax.jit(
-            lambda xs: xs, out_shardings=[NamedSharding(mesh, P())] * len(arrays))
-    return program(list(arrays))
+            t._data = on_device(a, t.device.jax_device)
 
 
 # ------------------------------------------------------------------------------------------

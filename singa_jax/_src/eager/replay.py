@@ -60,9 +60,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import jax
 
 try:  # the concrete jax.Array class: an exact type test is the cheapest per-input check
-    from jax._src.array import ArrayImpl as _ArrayImpl
+    from jax._src.array import ArrayImpl as ArrayImpl
 except ImportError:  # another JAX layout: nothing is recorded (every op runs at once)
-    class _ArrayImpl:  # type: ignore[no-redef]
+    class ArrayImpl:  # type: ignore[no-redef]
         pass
 
 from singa_jax._src.base.env import flag
@@ -399,7 +399,7 @@ def _speculate(segment: _Segment, plan: _Plan) -> None:
             else:  # _ARGUMENT
                 i, aval = x
                 v = arguments[i] if i < len(arguments) else None
-            if type(v) is not _ArrayImpl or (aval is not None and v.aval != aval):
+            if type(v) is not ArrayImpl or (aval is not None and v.aval != aval):
                 # (e.g. a smaller last batch; or a loop that makes no Model call and would
                 # need another plan: a second time in a row drops this one)
                 _missed(plan)
@@ -657,7 +657,7 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
         kind = type(a)
         if kind is Deferred:
             inputs.append(a.index if a.segment is own else a.aval)
-        elif kind is _ArrayImpl:
+        elif kind is ArrayImpl:
             inputs.append(a.aval)
         else:  # a tracer, a NumPy array, a host value: not replayable
             return call(*statics, *resolve_all(args))

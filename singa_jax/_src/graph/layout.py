@@ -24,7 +24,7 @@ from singa_jax._src.runtime import device as device_mod
 from singa_jax._src.tensor.tensor import Tensor
 
 if TYPE_CHECKING:  # graph imports this module
-    from singa_jax._src.graph.runner import _Recorder
+    from singa_jax._src.graph.recorder import Recorder
 
 __all__ = ["Layout", "StepLowering", "birth_values", "rebuild_leaves", "result_outputs",
            "build_result", "unalias", "copy_shared", "avals_of", "buffer_id", "tensors_in"]
@@ -88,7 +88,7 @@ class Layout:
         return outs[:n_s], outs[n_s:n_w], outs[n_w:n_e], outs[n_e:]
 
 
-def birth_values(closed, recorder: "_Recorder", alive: List[Tensor]) -> Optional[list]:
+def birth_values(closed, recorder: "Recorder", alive: List[Tensor]) -> Optional[list]:
     """Concrete birth values of the new Tensors a trace kept (the last outputs of ``closed``),
     or None when the trace's program alone computes this call exactly: a kept new Tensor is a
     parameter (built inside the step from the device's key), was first WRITTEN after its birth

@@ -18,7 +18,7 @@ What is state
       batch-norm running statistics, and every Tensor reachable from its optimizers: slots, step
       counters, learning-rate values),
     * every Device's PRNG key (dropout masks and random fills advance it),
-    * anything else the step touches, found by :class:`_Recorder`, which is installed as
+    * anything else the step touches, found by :class:`~.recorder.Recorder`, which is installed as
       ``tensor``'s trace hook and sees every ``Tensor.data`` read/write and Tensor creation.
       A first trace may meet such state: a layer first used inside the step builds its
       parameters, a pre-existing Tensor nobody declared (a mask kept on the model, a counter)
@@ -73,21 +73,19 @@ from singa_jax._src.base import checks
 from singa_jax._src.backend import tiers as graph_tiers
 from singa_jax._src.runtime import device as device_mod
 from singa_jax._src.base.node import Dummy
+from singa_jax._src.graph.recorder import Recorder
 from singa_jax._src.graph.layout import (Layout, StepLowering, avals_of, birth_values, buffer_id,
                                          build_result, copy_shared, rebuild_leaves, result_outputs,
-                                         tensors_in, unalias)
+                                         unalias)
 from singa_jax._src.backend.xla_options import compile_options, platform_of
 from singa_jax._src.backend.precision import float32_matmul_precision
-from singa_jax._src.base.modes import TraceHook, autocast_dtype, current_trace_hook, trace_hook
+from singa_jax._src.base.modes import autocast_dtype, current_trace_hook, trace_hook
 from singa_jax._src.tensor.tensor import Tensor
 
 # (looked up here per call, so a test can watch what a step donates)
 _copy_shared = copy_shared
 
-__all__ = ["GraphRunner", "GraphModeError", "ProgramNotKept", "tensors_in", "NOT_CACHED",
-           "tiered_compilation"]
-
-tiered_compilation = graph_tiers.tiered_compilation
+__all__ = ["GraphRunner", "GraphModeError", "ProgramNotKept", "NOT_CACHED"]
 
 # Errors JAX raises when Python code asks for the concrete value of a traced array.
 _CONCRETE_VALUE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
@@ -117,64 +115,6 @@ class ProgramNotKept(Exception):
 
 def _is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
-
-
-# --- the trace hook -------------------------------------------------------------------------
-class _Recorder(TraceHook):
-    """Learns, during one trace, which Tensors outside the declared inputs the step touches and
-    which Tensors it creates: for each created one its value at birth (the array it was built
-    over) and whether the step first read or first wrote it after that; for each undeclared one
-    it writes, the value it had before the step."""
-
-    def __init__(self, known: Sequence[Tensor]):
-        self.known_ids = {id(t) for t in known}
-        self.created_refs: List[weakref.ref] = []
-        self.created_ids: set = set()
-        self.births: Dict[int, Any] = {}         # id -> array the created Tensor was built over
-        self.first_access: Dict[int, str] = {}   # id -> "read" | "write", for created Tensors
-        self.undeclared_read: Dict[int, Tensor] = {}
-        self.undeclared_written: Dict[int, Tensor] = {}
-        self.written_originals: Dict[int, Any] = {}  # id -> array before the step's first write
-
-    def read(self, t: Tensor) -> None:
-        i = id(t)
-        if i in self.created_ids:
-            self.first_access.setdefault(i, "read")
-        elif i not in self.known_ids:
-            self.undeclared_read[i] = t
-
-    def write(self, t: Tensor) -> None:
-        i = id(t)
-        if i in self.created_ids:
-            self.first_access.setdefault(i, "write")
-        elif i not in self.known_ids:
-            self.undeclared_written[i] = t
-            self.written_originals.setdefault(i, t._data)  # called before the rebinding
-
-    def put_back_written(self, tensors: Sequence[Tensor]) -> None:
-        """Give each of ``tensors`` that the step wrote without declaring it the value it had
-        before the step's first write (the others are left as they are)."""
-        for t in tensors:
-            original = self.written_originals.get(id(t))
-            if original is not None:
-                t._data = original
-
-    def created(self, t: Tensor) -> None:
-        i = id(t)  # may be the id of a freed temporary: the newest Tensor owns it now
-        self.created_refs.append(weakref.ref(t))
-        self.created_ids.add(i)
-        self.births[i] = t._data
-        self.first_access.pop(i, None)
-
-    def alive_created(self, exclude_ids: set) -> List[Tensor]:
-        """Tensors created while recording that something still references (not ``exclude_ids``)."""
-        out, seen = [], set()
-        for ref in self.created_refs:
-            t = ref()
-            if t is not None and id(t) not in exclude_ids and id(t) not in seen:
-                seen.add(id(t))
-                out.append(t)
-        return out
 
 
 # --- arguments: tensors are traced, everything else is static ------------------------------
@@ -499,7 +439,7 @@ class GraphRunner:
         self.trace_count += 1
         originals = [t.array for t in state]
         original_keys = [d.key for d in devices]
-        recorder = _Recorder(state)
+        recorder = Recorder(state)
         record: Dict[str, Any] = {}
         state_ids = {id(t) for t in state}
         spmd = self.spmd
@@ -669,7 +609,7 @@ class GraphRunner:
                 prog.pending.cancel()
 
     @staticmethod
-    def _undo_trace(state, originals, devices, original_keys, recorder: _Recorder) -> None:
+    def _undo_trace(state, originals, devices, original_keys, recorder: Recorder) -> None:
         """After a failed trace no Tensor the user can see keeps a tracer: the declared state
         and every undeclared Tensor the step wrote hold what they held before the step; a
         Tensor the step created, whose value was never computed, holds zeros."""

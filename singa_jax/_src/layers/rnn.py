@@ -3,7 +3,7 @@
 SINGA unrolls RNN/LSTM step by step in Python; here the whole sequence is one operator whose
 kernel is a ``jax.lax.scan`` (one compiled loop, gradients by ``jax.vjp``), with the input
 projections of all steps done in one matmul before the loop. All three layers run the same
-scan kernel, ``autograd.nn._rnn_direction`` (cuDNN's cell): RNN/LSTM only lay their per-gate
+scan kernel, ``singa_jax._src.ops.nn.rnn_direction`` (cuDNN's cell): RNN/LSTM only lay their per-gate
 weights out as cuDNN's stacked matrices first. ``step_forward`` keeps SINGA's single-step form
 built from autograd ops.
 """
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from singa_jax._src.layers import initializer as init
 from singa_jax._src.ops.declare import make_function
-from singa_jax._src.ops.nn import _rnn_direction
+from singa_jax._src.ops.nn import rnn_direction
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.layers.base import Layer
 from singa_jax._src.ops.elementwise import add, add_bias, matmul, mul, relu, sigmoid, tanh
@@ -47,7 +47,7 @@ def _rnn_sequence(*arrays, n_steps: int, nonlinearity: str):
     ``(h_1, ..., h_T)``. cuDNN's cell with ``W = Wx^T``, ``R = Wh^T``, ``b_W = b``, ``b_R = 0``."""
     xs, (h0, wx, wh, b) = jnp.stack(arrays[:n_steps]), arrays[n_steps:]
     xs, (h0,) = _broadcast_batch(xs, wh.shape[0], h0)
-    hs, _, _ = _rnn_direction(_CUDNN_MODES[nonlinearity], xs, None, h0, jnp.zeros_like(h0),
+    hs, _, _ = rnn_direction(_CUDNN_MODES[nonlinearity], xs, None, h0, jnp.zeros_like(h0),
                               wx.T, wh.T, b, jnp.zeros_like(b))
     return tuple(hs[t] for t in range(n_steps))
 
@@ -71,7 +71,7 @@ def _lstm_sequence(*arrays, n_steps: int):
 
     # both biases folded into the input projection's (one add per step fewer); b_R = 0
     bias = stacked("Bx", 0) + stacked("Bh", 0)
-    hs, _, c_last = _rnn_direction(_CUDNN_MODES["lstm"], xs, None, h0, c0, stacked("Wx", 1).T,
+    hs, _, c_last = rnn_direction(_CUDNN_MODES["lstm"], xs, None, h0, c0, stacked("Wx", 1).T,
                                    stacked("Wh", 1).T, bias, jnp.zeros_like(bias))
     return tuple(hs[t] for t in range(n_steps)) + (c_last,)
 

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from singa_jax._src.ops.nn import replicate_odd_pad
+
 OrderedDict = collections.OrderedDict
 
 __all__ = ["OrderedDict", "update_progress", "handle_odd_pad_fwd", "handle_odd_pad_bwd",
@@ -40,10 +42,9 @@ def update_progress(progress: float, info: str) -> None:
 def handle_odd_pad_fwd(x: jax.Array, odd_padding: Sequence[int], is_pool: bool = False):
     """Pad NCHW ``x`` by ``odd_padding`` = (top, bottom, left, right): with zeros for convolution,
     with copies of the border rows/columns for pooling (as SINGA does)."""
-    from singa_jax._src.ops.nn import _replicate_odd_pad
     top, bottom, left, right = (int(p) for p in odd_padding)
     if is_pool:
-        return _replicate_odd_pad(x, (top, bottom, left, right))
+        return replicate_odd_pad(x, (top, bottom, left, right))
     return jnp.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
 
 

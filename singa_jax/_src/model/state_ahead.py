@@ -22,7 +22,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.optim.optimizers import Optimizer, _param_name, _state_tensor
+from singa_jax._src.optim.optimizers import Optimizer, param_name, state_tensor
 
 __all__ = ["make", "drop", "settle"]
 
@@ -44,7 +44,7 @@ def make(optimizer: Optimizer, params: Sequence[Tensor]) -> List[Tensor]:
     if not optimizer._uses_fused_update():
         return made
     kinds = optimizer._active_slot_kinds()
-    names = [_param_name(p) for p in params]
+    names = [param_name(p) for p in params]
     repeated = {n for n, count in Counter(names).items() if count > 1}
     kept = _KEPT.setdefault(optimizer, {})
     ahead: Dict[int, Tuple[str, str]] = {}  # id(slot) -> (kind, key), for drop()
@@ -63,7 +63,7 @@ def make(optimizer: Optimizer, params: Sequence[Tensor]) -> List[Tensor]:
             slot = kept.get((kind, key))
             zeros = p.device.put(np.zeros(p.shape, p.dtype), private=True)
             if slot is None or slot.shape != p.shape or slot.dtype != p.dtype:
-                slot = kept[(kind, key)] = _state_tensor(zeros, p.device)
+                slot = kept[(kind, key)] = state_tensor(zeros, p.device)
             else:
                 slot._data = zeros  # a zero slot again, whatever a failed run left in it
             slots[key] = slot

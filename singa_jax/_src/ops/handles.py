@@ -32,7 +32,7 @@ def _shape_of(input: Any, what: str) -> Tuple[int, ...]:
     return tuple(int(s) for s in (shape() if callable(shape) else shape))
 
 
-def _odd_padding(odd_padding: Sequence[int], op: str) -> Tuple[int, int, int, int]:
+def checked_odd_padding(odd_padding: Sequence[int], op: str) -> Tuple[int, int, int, int]:
     pads = tuple(int(p) for p in odd_padding)
     if len(pads) != 4 or min(pads) < 0:
         raise ValueError(f"{op}: odd_padding must be four non-negative ints (top, bottom, left, "
@@ -170,11 +170,11 @@ class CudnnBatchNormHandle(BatchNormHandle):
 
 # cuDNN's RNN modes and the number of gates (linear layers per input/recurrent side) of each.
 RNN_MODES = {0: "relu", 1: "tanh", 2: "lstm", 3: "gru"}
-_RNN_GATES = {0: 1, 1: 1, 2: 4, 3: 3}
+RNN_GATES = {0: 1, 1: 1, 2: 4, 3: 3}
 
 
 @lru_cache(maxsize=None)
-def _rnn_layout(mode: int, feature_size: int, hidden_size: int, num_layers: int,
+def rnn_layout(mode: int, feature_size: int, hidden_size: int, num_layers: int,
                 bidirectional: int, bias: int):
     """Offsets of every matrix and bias in cuDNN's packed weight vector.
 
@@ -183,7 +183,7 @@ def _rnn_layout(mode: int, feature_size: int, hidden_size: int, num_layers: int,
     ``G..2G-1`` on the hidden state; each (hidden, in) row-major), then their biases (hidden,).
     Returns ``({(lin_layer_id, pseudo_layer, is_bias): (offset, size)}, total_size)``.
     """
-    gates, dirs, h = _RNN_GATES[mode], 2 if bidirectional else 1, hidden_size
+    gates, dirs, h = RNN_GATES[mode], 2 if bidirectional else 1, hidden_size
     mapping, offset = {}, 0
     for layer in range(num_layers):
         in_size = feature_size if layer == 0 else h * dirs
@@ -207,7 +207,7 @@ class RNNHandle:
     relu, 1: RNN tanh, 2: LSTM, 3: GRU), num_layers, bias, dropout (between layers, training
     only), bidirectional. ``weights_size`` is the length of the packed weight vector ``W`` and
     ``weights_mapping`` maps ``(lin_layer_id, pseudo_layer, is_bias)`` to ``(offset, size)``
-    in it (cuDNN's layout; see :func:`_rnn_layout`).
+    in it (cuDNN's layout; see :func:`rnn_layout`).
     """
 
     def __init__(self, x: Any, hidden_size: int, mode: int = 0, num_layers: int = 1,
@@ -233,7 +233,7 @@ class RNNHandle:
         self.dropout = float(dropout)
         self.bidirectional = int(bidirectional)
         self.batch_first = 0
-        self.weights_mapping, self.weights_size = _rnn_layout(
+        self.weights_mapping, self.weights_size = rnn_layout(
             self.mode, self.feature_size, self.hidden_size, self.num_layers, self.bidirectional,
             self.bias)
         # cuDNN scratch sizes: XLA manages its own scratch memory.

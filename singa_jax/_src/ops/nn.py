@@ -29,7 +29,7 @@ from singa_jax._src.autodiff.recipes import kind_call
 from singa_jax._src.ops.handles import (NO_ODD_PADDING, BatchNormHandle, ConvHandle,
                                         CudnnBatchNormHandle, CudnnConvHandle, CudnnPoolingHandle,
                                         CudnnRNNHandle, Pair, PoolingHandle, RNNHandle,
-                                        _odd_padding, _rnn_layout, _RNN_GATES)
+                                        checked_odd_padding, rnn_layout, RNN_GATES)
 
 __all__ = [
     # handles
@@ -61,7 +61,7 @@ def _conv2d_kernel(x, W, b=None, *, stride: Pair, padding: Pair, dilation: Pair,
     return y
 
 
-def _replicate_odd_pad(x, odd_padding):
+def replicate_odd_pad(x, odd_padding):
     """SINGA's pooling odd padding (``handle_odd_pad_fwd(is_pool=True)``): along H, then W,
     prepend a copy of the first ``pad`` rows (columns) and append a copy of the last ``pad``, so
     the extra border holds real values rather than zeros that would bias max/average pooling."""
@@ -83,7 +83,7 @@ def _pooling2d_kernel(x, *, kernel: Pair, stride: Pair, padding: Pair, is_max: b
                       odd_padding: Tuple[int, int, int, int]):
     """Max pooling (padding never wins) or average pooling whose divisor counts only the input
     elements under the window (padding excluded, as SINGA's DNNL and cuDNN kernels)."""
-    x = _replicate_odd_pad(x, odd_padding)
+    x = replicate_odd_pad(x, odd_padding)
     if is_max and tuple(kernel) == tuple(stride) and tuple(padding) == (0, 0):
         return _max_pool_tiles(x, tuple(kernel))
     window, strides = (1, 1) + tuple(kernel), (1, 1) + tuple(stride)
@@ -332,7 +332,7 @@ def _rnn_params(w, layout, pseudo: int, gates: int, hidden: int, in_size: int, b
     return W, R, bW, bR
 
 
-def _rnn_direction(mode, x, valid, h0, c0, W, R, bW, bR):
+def rnn_direction(mode, x, valid, h0, c0, W, R, bW, bR):
     """Scan one direction of cuDNN's cell over ``x`` (seq, batch, in) with ``W`` (G*H, in),
     ``R`` (G*H, H); returns (ys, h_T, c_T). Steps where ``valid`` (seq, batch) is False keep the
     state and emit 0; ``valid=None`` means every step is valid (no masking is computed). The
@@ -361,8 +361,8 @@ def _rnn_kernel(x, hx, cx, w, seq_lengths=None, key=None, *, mode: int, hidden_s
     ``key`` (given in training with dropout > 0) drops inputs of layers 1.. as cuDNN does.
     """
     T, B, F = x.shape
-    dirs, gates = 2 if bidirectional else 1, _RNN_GATES[mode]
-    layout, _ = _rnn_layout(mode, F, hidden_size, num_layers, bidirectional, bias)
+    dirs, gates = 2 if bidirectional else 1, RNN_GATES[mode]
+    layout, _ = rnn_layout(mode, F, hidden_size, num_layers, bidirectional, bias)
     t = jnp.arange(T)[:, None]
     if seq_lengths is None:
         lengths = jnp.full((B,), T, jnp.int32)
@@ -385,7 +385,7 @@ def _rnn_kernel(x, hx, cx, w, seq_lengths=None, key=None, *, mode: int, hidden_s
             pseudo = layer * dirs + d
             params = _rnn_params(w, layout, pseudo, gates, hidden_size, in_size, bias)
             seq = time_gather(layer_in) if d else layer_in
-            ys, h, c = _rnn_direction(mode, seq, valid, hx[pseudo], cx[pseudo], *params)
+            ys, h, c = rnn_direction(mode, seq, valid, hx[pseudo], cx[pseudo], *params)
             outs.append(time_gather(ys) if d else ys)
             hys.append(h)
             cys.append(c)
@@ -425,7 +425,7 @@ class _WindowOp(Function):
         if type(odd_padding) is tuple and odd_padding == NO_ODD_PADDING:  # the usual one
             odd_padding = NO_ODD_PADDING
         else:
-            odd_padding = _odd_padding(odd_padding, op)
+            odd_padding = checked_odd_padding(odd_padding, op)
         static, key = handle_statics(
             handle, odd_padding, lambda: dict(odd_padding=odd_padding, **self.config(handle)))
         super().__init__(**static)

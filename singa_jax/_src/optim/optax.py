@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from singa_jax._src.runtime.device import Device
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.optim.optimizers import Optimizer, _param_name, _state_tensor
+from singa_jax._src.optim.optimizers import Optimizer, param_name, state_tensor
 from singa_jax._src.optim.schedules import DecayScheduler
 
 __all__ = ["OptaxOptimizer", "from_optax"]
@@ -107,7 +107,7 @@ class OptaxOptimizer(Optimizer):
             initial = jax.tree_util.tree_leaves(self.tx.init(p.array))
             for i, (kind, leaf) in enumerate(zip(self._slot_kinds, initial)):
                 if slots[i] is None:
-                    slots[i] = self._slot_dict(kind)[key] = _state_tensor(leaf, p.device)
+                    slots[i] = self._slot_dict(kind)[key] = state_tensor(leaf, p.device)
             self._bump_states_version()
         for kind, t, aval in zip(self._slot_kinds, slots, self._state_avals(p)):
             if t.shape != tuple(aval.shape):
@@ -147,7 +147,7 @@ class OptaxOptimizer(Optimizer):
 
     # --- the entry points of Optimizer, all through _optax_update ----------------------------
     def _apply_all(self, pairs: Sequence[Tuple[Tensor, Tensor]], loss: Any = None) -> None:
-        self._optax_update([(_param_name(p), p, g) for p, g in pairs])
+        self._optax_update([(param_name(p), p, g) for p, g in pairs])
 
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
         """Update ``param_value`` from ``param_grad`` with ``tx``, using the state kept under

@@ -2,7 +2,7 @@
 :class:`AdaGrad` and :class:`Adam`.
 
 Holds the :class:`Optimizer` base with its hyper-parameters, step counter, per-parameter slots
-and ``get_states``/``set_states``, and the state helpers ``_state_tensor`` and ``_param_name``;
+and ``get_states``/``set_states``, and the state helpers ``state_tensor`` and ``param_name``;
 the update rules and kernels they call are in :mod:`~singa_jax._src.optim.update`. How state is kept
 and keyed is described in the package docstring (:mod:`singa_jax.opt`).
 """
@@ -24,13 +24,13 @@ from singa_jax._src.base.dtypes import is_inexact
 from singa_jax._src.base.modes import autocast_dtype, current_trace_hook
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.eager import replay
-from singa_jax._src.optim.schedules import (_HYPER_SPECS, DecayScheduler, _advance, _as_schedule,
-                                            _eval_schedules)
+from singa_jax._src.optim.schedules import (HYPER_SPECS, DecayScheduler, as_schedule, step_schedules,
+                                            eval_schedules)
 
 
-from singa_jax._src.optim.update import (UpdateRule, _adagrad_rule, _adam_rule,
-                                         _advance_unless_skipped, _fused_update, _rmsprop_rule,
-                                         _sgd_rule, SEPARATE_TEST_FROM, _finite_test)
+from singa_jax._src.optim.update import (UpdateRule, adagrad_rule, adam_rule,
+                                         advance_unless_skipped, fused_update, rmsprop_rule,
+                                         sgd_rule, SEPARATE_TEST_FROM, finite_test)
 from singa_jax._src.optim.replayed_update import (record_update, recording_device,
                                                   step_recording_device)
 from singa_jax._src.eager.replay import Deferred
@@ -75,11 +75,11 @@ def _backend_started() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
-def _state_tensor(data: jax.Array, device: Optional[Device]) -> Tensor:
+def state_tensor(data: jax.Array, device: Optional[Device]) -> Tensor:
     return Tensor(device=device, data=data, requires_grad=False)
 
 
-def _param_name(p: Tensor) -> Any:
+def param_name(p: Tensor) -> Any:
     """SINGA's slot name of a parameter: its name, or its id when it has none."""
     return p.name if p.name is not None else id(p)
 
@@ -162,7 +162,7 @@ class Optimizer:
     ``init_loss_scale``, is readable as :attr:`loss_scale` and is saved by :meth:`get_states`
     (key ``loss_scale``) once it exists.
 
-    Subclasses declare ``_rule`` (a pure update of one param, see ``_sgd_rule``), the names of
+    Subclasses declare ``_rule`` (a pure update of one param, see ``sgd_rule``), the names of
     their slots (``_slot_kinds``) and call :meth:`_init_hypers` for their hyper-parameters. A
     user subclass may instead override :meth:`apply` (SINGA's way); :meth:`call` then applies
     it parameter by parameter.
@@ -179,7 +179,7 @@ class Optimizer:
         if name in self.__dict__.get("_hyper_names", ()):
             # a new schedule (or number) for a hyper-parameter: validated like the
             # constructor's, and its *_value follows at once
-            object.__setattr__(self, name, _as_schedule(type(self).__name__, name, value))
+            object.__setattr__(self, name, as_schedule(type(self).__name__, name, value))
             self._refresh_values()
             return
         object.__setattr__(self, name, value)
@@ -222,13 +222,13 @@ class Optimizer:
         lazy = self.__dict__["_lazy_state"]
         self.__dict__["_lazy_state"] = []
         if "step_counter" in lazy:
-            self.step_counter = _state_tensor(jnp.zeros((1,), jnp.float32), None)
-            self._skip_state = _state_tensor(jnp.zeros((len(_SKIP_FIELDS),), jnp.float32),
+            self.step_counter = state_tensor(jnp.zeros((1,), jnp.float32), None)
+            self._skip_state = state_tensor(jnp.zeros((len(_SKIP_FIELDS),), jnp.float32),
                                              self.step_counter.device)
         for name in lazy:
             if name not in ("step_counter", "_skip_state"):
                 setattr(self, name,
-                        _state_tensor(jnp.zeros((1,), jnp.float32), self.step_counter.device))
+                        state_tensor(jnp.zeros((1,), jnp.float32), self.step_counter.device))
         self._refresh_values()
 
     @property
@@ -256,7 +256,7 @@ class Optimizer:
         """The loss scale's state Tensor (fields ``_SCALE_FIELDS``), made on first use."""
         state = self.__dict__.get("_loss_scale")
         if state is None:
-            state = self._loss_scale = _state_tensor(self._initial_scale(),
+            state = self._loss_scale = state_tensor(self._initial_scale(),
                                                      self.step_counter.device)
         return state
 
@@ -278,13 +278,13 @@ class Optimizer:
         """Turn each value into a schedule (validated) stored as ``self.<name>``, with its current
         value as the Tensor ``self.<SINGA value attribute>``."""
         owner = type(self).__name__
-        scheds = {name: _as_schedule(owner, name, v) for name, v in values.items()}
+        scheds = {name: as_schedule(owner, name, v) for name, v in values.items()}
         for name, sched in scheds.items():
             setattr(self, name, sched)
             if name not in self._hyper_names:
                 self._hyper_names.append(name)
-            self.__dict__.pop(_HYPER_SPECS[name][0], None)
-            self._lazy_state.append(_HYPER_SPECS[name][0])
+            self.__dict__.pop(HYPER_SPECS[name][0], None)
+            self._lazy_state.append(HYPER_SPECS[name][0])
         if "step_counter" not in self._lazy_state or _backend_started():
             self._make_state()  # the state exists already, or creating it starts nothing
 
@@ -292,7 +292,7 @@ class Optimizer:
         return [getattr(self, n) for n in self._hyper_names]
 
     def _value_tensors(self) -> List[Tensor]:
-        return [getattr(self, _HYPER_SPECS[n][0]) for n in self._hyper_names]
+        return [getattr(self, HYPER_SPECS[n][0]) for n in self._hyper_names]
 
     def _store_values(self, only_moving: bool, advance: bool) -> None:
         """Rebind the ``*_value`` tensors to their schedules' values at the step counter (after
@@ -305,7 +305,7 @@ class Optimizer:
         if advance:
             # the counter (and, under the guard, its state) advanced by one kernel
             state = [self.step_counter] + ([self._skip_state] if self._guarded() else [])
-            kernel = _advance_unless_skipped if len(state) == 2 else _advance
+            kernel = advance_unless_skipped if len(state) == 2 else step_schedules
             device = step_recording_device(state) if len(pure) == len(pairs) else None
             if device is not None:
                 # the update this step follows was recorded (see .replayed_update): so is the
@@ -323,7 +323,7 @@ class Optimizer:
             for t, a in zip(state, [nxt, *rest]):
                 t.array = a
         else:
-            values = _eval_schedules(pure, self.step_counter.array) if pure else ()
+            values = eval_schedules(pure, self.step_counter.array) if pure else ()
         it = iter(values)
         for sched, t in pairs:
             t.array = next(it) if sched._pure else sched(self.step_counter).array
@@ -390,14 +390,14 @@ class Optimizer:
         """Update every ``(param, grad)``: one fused kernel, or a user subclass's ``apply``.
         ``loss`` (when known) is checked for NaN/inf along with the gradients."""
         if self._uses_fused_update():
-            self._update_pairs([(_param_name(p), p, g) for p, g in pairs], loss)
+            self._update_pairs([(param_name(p), p, g) for p, g in pairs], loss)
         else:
             for p, g in pairs:
-                self.apply(_param_name(p), p, g)
+                self.apply(param_name(p), p, g)
 
     def update(self, param: Tensor, grad: Tensor) -> None:
         """Update one parameter with its gradient (keyed by ``param.name``); no step()."""
-        self.apply(_param_name(param), param, grad)
+        self.apply(param_name(param), param, grad)
 
     def apply(self, param_name: Any, param_value: Tensor, param_grad: Tensor) -> None:
         """Update ``param_value`` in place (its ``.data`` is rebound) from ``param_grad``, using
@@ -478,7 +478,7 @@ class Optimizer:
             if key in slots:
                 slots[key].array = slots[key].device.put(arr)
             else:
-                slots[key] = _state_tensor(arr, self.step_counter.device)
+                slots[key] = state_tensor(arr, self.step_counter.device)
         self._bump_states_version()
         self._refresh_values()
 
@@ -640,8 +640,8 @@ class Optimizer:
             grads = [read(triples[i][2]) for i in idx]
             ok = None
             if guard and field == "_data" and len(idx) > SEPARATE_TEST_FROM:
-                ok = _finite_test(grads + list(c))  # eagerly, many arrays: see update.py
-            new_ps, new_slots, new_skip, new_scale = _fused_update(
+                ok = finite_test(grads + list(c))  # eagerly, many arrays: see update.py
+            new_ps, new_slots, new_skip, new_scale = fused_update(
                 type(self)._rule, self._config(), self._decay_on(), schedules, h, s,
                 [read(triples[i][1]) for i in idx], grads,
                 [tuple(map(read, slot_tensors[i])) for i in idx], guard, c, skip_state,
@@ -799,7 +799,7 @@ class Optimizer:
         d = self._slot_dict(kind)
         t = d.get(key)
         if t is None:  # created lazily; a new Tensor, so graph mode sees it as new state
-            t = d[key] = _state_tensor(jnp.zeros(p.shape, p.dtype), p.device)
+            t = d[key] = state_tensor(jnp.zeros(p.shape, p.dtype), p.device)
             self._bump_states_version()
         elif t.device is not p.device:
             t.to_device(p.device)
@@ -822,7 +822,7 @@ class SGD(Optimizer):
     the first step also dampens (``buf = (1 - dampening) * g``, not ``buf = g``).
     """
 
-    _rule = staticmethod(_sgd_rule)
+    _rule = staticmethod(sgd_rule)
     _slot_kinds = ("moments",)
 
     def __init__(self, lr: Any = 0.1, momentum: Any = 0, dampening: Any = 0,
@@ -852,7 +852,7 @@ class RMSProp(Optimizer):
         p = p - lr * g / sqrt(r + epsilon)
     """
 
-    _rule = staticmethod(_rmsprop_rule)
+    _rule = staticmethod(rmsprop_rule)
     _slot_kinds = ("running_average",)
 
     def __init__(self, lr: Any = 0.1, rho: Any = 0.9, epsilon: Any = 1e-8, weight_decay: Any = 0):
@@ -868,7 +868,7 @@ class AdaGrad(Optimizer):
         p = p - lr * g / sqrt(s + epsilon)
     """
 
-    _rule = staticmethod(_adagrad_rule)
+    _rule = staticmethod(adagrad_rule)
     _slot_kinds = ("history",)
 
     def __init__(self, lr: Any = 0.1, epsilon: Any = 1e-8, weight_decay: Any = 0):
@@ -886,7 +886,7 @@ class Adam(Optimizer):
         p = p - lr * (m / (1 - beta_1^t)) / (sqrt(v / (1 - beta_2^t)) + epsilon)
     """
 
-    _rule = staticmethod(_adam_rule)
+    _rule = staticmethod(adam_rule)
     _slot_kinds = ("m", "v")
 
     def __init__(self, lr: Any = 0.1, beta_1: Any = 0.9, beta_2: Any = 0.999,

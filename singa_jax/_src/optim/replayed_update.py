@@ -23,7 +23,7 @@ from singa_jax._src.eager import replay
 from singa_jax._src.runtime.device import Device
 from singa_jax._src.eager.replay import Deferred
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.optim.update import _recorded_update_kernel
+from singa_jax._src.optim.update import recorded_update_kernel
 
 __all__ = ["recording_device", "record_update", "step_recording_device"]
 
@@ -75,7 +75,7 @@ def record_update(optimizer: Any, device: Device, triples: Sequence[Tuple[Any, T
     spec = (type(optimizer)._rule, optimizer._config(), optimizer._decay_on(), schedules, names,
             len(triples), per, guard, len(checked), scaling,
             optimizer.loss_scale_growth_interval if scaling else 0)
-    new_ps, new_slots, new_skip, new_scale = replay.run(_recorded_update_kernel, (spec,),
+    new_ps, new_slots, new_skip, new_scale = replay.run(recorded_update_kernel, (spec,),
                                                         arrays, device)
     # (a Deferred until the segment runs; an array, on the tensor's device, when run at once)
     replay.bind_all([p for _, p, _ in triples], new_ps)

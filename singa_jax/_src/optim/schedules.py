@@ -1,9 +1,9 @@
 """Decay schedules of ``singa_jax.opt`` and the hyper-parameter table they are checked against.
 
 Holds :class:`DecayScheduler` (a value of the step count), the built-ins :class:`Constant` and
-:class:`ExponentialDecay`, the jitted kernels that evaluate pure schedules (``_eval_schedules``,
-``_advance``), and ``_as_schedule``, which turns a constructor argument into a validated schedule
-using the valid interval of each hyper-parameter in ``_HYPER_SPECS``.
+:class:`ExponentialDecay`, the jitted kernels that evaluate pure schedules (``eval_schedules``,
+``step_schedules``), and ``as_schedule``, which turns a constructor argument into a validated schedule
+using the valid interval of each hyper-parameter in ``HYPER_SPECS``.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from singa_jax._src.tensor.tensor import Tensor
 
 
-def _check_real(owner: str, what: str, value: Any) -> float:
+def check_real(owner: str, what: str, value: Any) -> float:
     """``value`` as a finite float, or a TypeError/ValueError naming ``owner`` and ``what``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{owner}: {what} must be a real number, got {type(value).__name__} "
@@ -39,7 +39,7 @@ class DecayScheduler:
     """
 
     def __init__(self, init_value: float):
-        self.init_value = _check_real(type(self).__name__, "init_value", init_value)
+        self.init_value = check_real(type(self).__name__, "init_value", init_value)
 
     def __call__(self, step: Tensor) -> Tensor:
         if not isinstance(step, Tensor):
@@ -112,10 +112,10 @@ class ExponentialDecay(DecayScheduler):
                  staircase: bool = False):
         super().__init__(init_value)
         name = type(self).__name__
-        self.decay_steps = _check_real(name, "decay_steps", decay_steps)
+        self.decay_steps = check_real(name, "decay_steps", decay_steps)
         if self.decay_steps <= 0:
             raise ValueError(f"{name}: decay_steps must be > 0, got {decay_steps}")
-        self.decay_rate = _check_real(name, "decay_rate", decay_rate)
+        self.decay_rate = check_real(name, "decay_rate", decay_rate)
         if self.decay_rate < 0:
             raise ValueError(f"{name}: decay_rate must be >= 0, got {decay_rate}")
         self.staircase = bool(staircase)
@@ -135,12 +135,12 @@ class ExponentialDecay(DecayScheduler):
 
 
 @partial(jax.jit, static_argnums=0)
-def _eval_schedules(schedules: Tuple[DecayScheduler, ...], step: jax.Array) -> Tuple[jax.Array, ...]:
+def eval_schedules(schedules: Tuple[DecayScheduler, ...], step: jax.Array) -> Tuple[jax.Array, ...]:
     return tuple(s.value(step) for s in schedules)
 
 
 @partial(jax.jit, static_argnums=0)
-def _advance(schedules: Tuple[DecayScheduler, ...], step: jax.Array):
+def step_schedules(schedules: Tuple[DecayScheduler, ...], step: jax.Array):
     """One kernel for :meth:`Optimizer.step`: the next counter and every schedule's value there."""
     nxt = step + jnp.ones_like(step)
     return nxt, tuple(s.value(nxt) for s in schedules)
@@ -151,7 +151,7 @@ def _advance(schedules: Tuple[DecayScheduler, ...], step: jax.Array):
 # --------------------------------------------------------------------------------------------
 _INF = math.inf
 # name -> (value attribute, low, high, low inclusive, high inclusive)
-_HYPER_SPECS: Dict[str, Tuple[str, float, float, bool, bool]] = {
+HYPER_SPECS: Dict[str, Tuple[str, float, float, bool, bool]] = {
     "lr": ("lr_value", 0.0, _INF, True, False),
     "momentum": ("mom_value", 0.0, 1.0, True, False),
     "dampening": ("dam_value", 0.0, 1.0, True, True),
@@ -167,18 +167,18 @@ def _interval(lo: float, hi: float, lo_in: bool, hi_in: bool) -> str:
     return f"{'[' if lo_in else '('}{lo:g}, {hi:g}{']' if hi_in else ')'}"
 
 
-def _as_schedule(owner: str, name: str, value: Any) -> DecayScheduler:
+def as_schedule(owner: str, name: str, value: Any) -> DecayScheduler:
     """A number becomes :class:`Constant`; a DecayScheduler is kept. Its (initial) value must lie
-    in the interval of ``_HYPER_SPECS[name]``."""
+    in the interval of ``HYPER_SPECS[name]``."""
     if isinstance(value, DecayScheduler):
         sched, first = value, value.init_value
     elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-        first = _check_real(owner, name, value)
+        first = check_real(owner, name, value)
         sched = Constant(first)
     else:
         raise TypeError(f"{owner}: {name} must be a number or a DecayScheduler, got "
                         f"{type(value).__name__} {value!r}")
-    _, lo, hi, lo_in, hi_in = _HYPER_SPECS[name]
+    _, lo, hi, lo_in, hi_in = HYPER_SPECS[name]
     ok = (first >= lo if lo_in else first > lo) and (first <= hi if hi_in else first < hi)
     if not ok:
         raise ValueError(f"{owner}: invalid {name} value {value!r} (initial value {first:g}); "

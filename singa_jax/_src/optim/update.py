@@ -1,6 +1,6 @@
 """The update kernels of ``singa_jax.opt``: the pure update rules (one per optimizer), the
-non-finite test, ``_fused_update`` (the one jitted kernel that updates every parameter of a
-step) and ``_advance_unless_skipped`` (the step counter under ``skip_nonfinite``). The
+non-finite test, ``fused_update`` (the one jitted kernel that updates every parameter of a
+step) and ``advance_unless_skipped`` (the step counter under ``skip_nonfinite``). The
 optimizers (:mod:`~singa_jax._src.optim.optimizers`) call them.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ UpdateRule = Callable[[Tuple, Dict[str, jax.Array], jax.Array, jax.Array, jax.Ar
                       Tuple[jax.Array, Tuple]]
 
 
-def _sgd_rule(config, h, step, p, g, slots):
+def sgd_rule(config, h, step, p, g, slots):
     """``buf = momentum*buf + (1-dampening)*g``; ``g = g + momentum*buf`` (nesterov) or ``buf``;
     ``p = p - lr*g``. Without momentum: ``p = p - lr*g``."""
     use_momentum, nesterov = config
@@ -33,21 +33,21 @@ def _sgd_rule(config, h, step, p, g, slots):
     return p - h["lr"] * g, slots
 
 
-def _rmsprop_rule(config, h, step, p, g, slots):
+def rmsprop_rule(config, h, step, p, g, slots):
     """``r = rho*r + (1-rho)*g^2``; ``p = p - lr * g / sqrt(r + epsilon)``."""
     (r,) = slots
     r = h["rho"] * r + (1 - h["rho"]) * jnp.square(g)
     return p - h["lr"] * g / jnp.sqrt(r + h["epsilon"]), (r,)
 
 
-def _adagrad_rule(config, h, step, p, g, slots):
+def adagrad_rule(config, h, step, p, g, slots):
     """``s = s + g^2``; ``p = p - lr * g / sqrt(s + epsilon)``."""
     (s,) = slots
     s = s + jnp.square(g)
     return p - h["lr"] * g / jnp.sqrt(s + h["epsilon"]), (s,)
 
 
-def _adam_rule(config, h, step, p, g, slots):
+def adam_rule(config, h, step, p, g, slots):
     """``m = b1*m + (1-b1)*g``; ``v = b2*v + (1-b2)*g^2``; with ``t = step_counter + 1``:
     ``p = p - lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + epsilon)``."""
     m, v = slots
@@ -69,7 +69,7 @@ SEPARATE_TEST_FROM = 48
 
 
 @jax.jit
-def _finite_test(arrays: List[jax.Array]) -> jax.Array:
+def finite_test(arrays: List[jax.Array]) -> jax.Array:
     """:func:`_all_finite` as a kernel of its own (see :data:`SEPARATE_TEST_FROM`)."""
     return _all_finite(arrays)
 
@@ -124,7 +124,7 @@ def _row_sums(a: jax.Array) -> jax.Array:
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2, 3, 9, 12), static_argnames=("growth_interval",))
-def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
+def fused_update(rule: UpdateRule, config: Tuple, decay: bool,
                   schedules: Tuple[Tuple[str, DecayScheduler], ...], hyper: Dict[str, jax.Array],
                   step: jax.Array, params: List[jax.Array], grads: List[jax.Array],
                   slots: List[Tuple[jax.Array, ...]], guard: bool, checked: Tuple[jax.Array, ...],
@@ -203,7 +203,7 @@ def _fused_update(rule: UpdateRule, config: Tuple, decay: bool,
 
 
 @partial(jax.jit, static_argnums=0)
-def _advance_unless_skipped(schedules: Tuple[DecayScheduler, ...], step: jax.Array,
+def advance_unless_skipped(schedules: Tuple[DecayScheduler, ...], step: jax.Array,
                             skip_state: jax.Array):
     """:meth:`Optimizer.step` under ``skip_nonfinite``: the counter advances only when no update
     since the last step was skipped (the ``pending`` field of ``skip_state``); returns the
@@ -213,7 +213,7 @@ def _advance_unless_skipped(schedules: Tuple[DecayScheduler, ...], step: jax.Arr
 
 
 def _recorded_update(spec: Tuple, *arrays: jax.Array):
-    """:func:`_fused_update` over flat arrays, for eager replay to record into the segment of
+    """:func:`fused_update` over flat arrays, for eager replay to record into the segment of
     the step's forward and backward walk (see ``Optimizer._update_pairs``): ``spec`` is
     ``(rule, config, decay, schedules, hyper names, params, slots per param, guard, checked,
     has loss_scale, growth_interval)`` and ``arrays`` are the hyper values, the step, the
@@ -235,9 +235,9 @@ def _recorded_update(spec: Tuple, *arrays: jax.Array):
     checked = tuple(next(it) for _ in range(n_checked))
     skip_state = next(it) if guard else None
     loss_scale = next(it) if has_scale else None
-    return _fused_update(rule, config, decay, schedules, hyper, step, params, grads, slots, guard,
+    return fused_update(rule, config, decay, schedules, hyper, step, params, grads, slots, guard,
                          checked, skip_state, True, loss_scale=loss_scale,
                          growth_interval=growth_interval)
 
 
-_recorded_update_kernel = jax.jit(_recorded_update, static_argnums=0)
+recorded_update_kernel = jax.jit(_recorded_update, static_argnums=0)

@@ -1,6 +1,6 @@
 """Joining a multi-process run for ``DistOpt``: the rendezvous (``jax.distributed``), the
 launchers it detects (mpirun, SLURM, TPU pods), the bounded time-outs, the cross-process sums
-of eager mode, and the consistency check between ranks (:func:`_agree`)."""
+of eager mode, and the consistency check between ranks (:func:`agree`)."""
 from __future__ import annotations
 
 import math
@@ -31,7 +31,7 @@ def _timeout() -> int:
 # ------------------------------------------------------------------------------------------
 # Local kernels: float16 round trip and sparsification of one rank's values
 # ------------------------------------------------------------------------------------------
-def _to_half(a: jax.Array) -> jax.Array:
+def to_half(a: jax.Array) -> jax.Array:
     """``a`` as float16, rounded there for certain. A plain ``astype(float16)`` whose result
     returns to float32 inside a program may be dropped by XLA ("excess precision", on by
     default: on an NVIDIA GPU, jit kept the float32 values); ``lax.reduce_precision`` to
@@ -45,11 +45,11 @@ def _round_half(arrays: List[jax.Array], clip_value: Optional[float]) -> List[ja
     ``[-clip_value, clip_value]`` unless ``clip_value`` is None) rounded to float16."""
     if clip_value is not None:
         arrays = [jnp.clip(a, -clip_value, clip_value) for a in arrays]
-    return [_to_half(a).astype(a.dtype) for a in arrays]
+    return [to_half(a).astype(a.dtype) for a in arrays]
 
 
 @partial(jax.jit, static_argnums=(2, 3))
-def _sparsify(arrays: List[jax.Array], accumulation: Optional[jax.Array], spars: float,
+def sparsify(arrays: List[jax.Array], accumulation: Optional[jax.Array], spars: float,
               top_k: bool):
     """SINGA's sparsification of one rank's values, on the concatenation of ``arrays``.
 
@@ -85,7 +85,7 @@ def _stacked_sum(stacked: List[jax.Array], half: bool, clip: Optional[float], sc
     for x in stacked:
         if clip is not None:
             x = jnp.clip(x, -clip, clip)
-        s = _to_half(x).sum(0).astype(x.dtype) if half else x.sum(0)
+        s = to_half(x).sum(0).astype(x.dtype) if half else x.sum(0)
         out.append(s * scale if scale != 1 else s)
     return out
 
@@ -201,16 +201,16 @@ class _Cluster:
         # _stacked_sum returning arrays replicated on every rank
         self._sum_program = jax.jit(_stacked_sum.__wrapped__, static_argnums=(1, 2, 3),
                                     out_shardings=self.rank_replicated)
-        self.agreements = 0        # numbering of _agree's exchanges (the same on every rank)
+        self.agreements = 0        # numbering of agree's exchanges (the same on every rank)
         self.agreed: set = set()   # signatures already agreed on (eager reductions)
 
     @staticmethod
     def current() -> "_Cluster":
         """The run this process belongs to (one object per process: the agreement numbering
         must continue across DistOpt objects)."""
-        if _CLUSTER[0] is None:
-            _CLUSTER[0] = _Cluster()
-        return _CLUSTER[0]
+        if CLUSTER[0] is None:
+            CLUSTER[0] = _Cluster()
+        return CLUSTER[0]
 
     def on_rank_device(self, a: jax.Array) -> jax.Array:
         if a.devices() == {self.rank_device}:
@@ -224,7 +224,7 @@ class _Cluster:
             if half or clip is not None:
                 arrays = _round_half(arrays, clip)
             return [a * scale for a in arrays] if scale != 1 else list(arrays)
-        _agree(self, "all-reduce", repr([(tuple(a.shape), str(a.dtype)) for a in arrays]
+        agree(self, "all-reduce", repr([(tuple(a.shape), str(a.dtype)) for a in arrays]
                                         + [half, clip]), once=True)
         stacked = [jax.make_array_from_single_device_arrays(
             (self.world_size,) + tuple(a.shape), self.rank_split,
@@ -234,10 +234,10 @@ class _Cluster:
 
 
 # The process's _Cluster, made when the first DistOpt joins (a process is in one run only).
-_CLUSTER: List[Optional[_Cluster]] = [None]
+CLUSTER: List[Optional[_Cluster]] = [None]
 
 
-def _agree(cluster: _Cluster, what: str, mine: str, once: bool = False) -> None:
+def agree(cluster: _Cluster, what: str, mine: str, once: bool = False) -> None:
     """Every rank publishes what it is about to run (``mine``, or an error) in the coordination
     service's key-value store and reads the others' within the time-out: missing ranks or
     different answers raise on every rank instead of hanging in a collective.
@@ -277,7 +277,7 @@ def _agree(cluster: _Cluster, what: str, mine: str, once: bool = False) -> None:
         cluster.agreed.add(mine)
 
 
-def _join(nccl_id: Any, local_rank: Any, world_size: Any) -> Tuple[_Cluster, int]:
+def join_run(nccl_id: Any, local_rank: Any, world_size: Any) -> Tuple[_Cluster, int]:
     """Join (or start) the run this process belongs to; returns the cluster and the local rank."""
     if nccl_id is not None:
         rank, size = _check_rank_args(local_rank, world_size)

@@ -48,7 +48,7 @@ def Product(shape: Sequence[int], start: int = 0, len: int = 0) -> int:  # noqa:
     return int(np.prod(dims, dtype=np.int64))
 
 
-def _describe(x: Any) -> str:
+def describe(x: Any) -> str:
     shape = getattr(x, "shape", None)
     if isinstance(x, CTensor):
         return f"CTensor{tuple(x._array.shape)} {x._array.dtype}"
@@ -70,14 +70,14 @@ def as_array(x: Any, op: str = "singa_wrap") -> jax.Array:
     if hasattr(x, "creator") and hasattr(x, "stores_grad"):
         raise TypeError(f"{op}: got a Python Tensor; SINGA's C++ functions take its CTensor "
                         f"(pass t.data)")
-    raise TypeError(f"{op}: expected a CTensor or a jax.Array, got {_describe(x)}")
+    raise TypeError(f"{op}: expected a CTensor or a jax.Array, got {describe(x)}")
 
 
 def out_tensor(x: Any, op: str) -> "CTensor":
     """``x`` as the output argument of a SINGA function that writes its result in place."""
     if not isinstance(x, CTensor):
         raise TypeError(f"{op}: the output argument must be a CTensor (written in place; a "
-                        f"jax.Array is immutable), got {_describe(x)}")
+                        f"jax.Array is immutable), got {describe(x)}")
     return x
 
 
@@ -127,7 +127,7 @@ def _binary_inplace(op: str, fn, self: "CTensor", other: Any) -> "CTensor":
     try:
         result = fn(self._array, value)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{op}: cannot combine {_describe(self)} with {_describe(other)}: "
+        raise ValueError(f"{op}: cannot combine {describe(self)} with {describe(other)}: "
                          f"{e}") from None
     if result.shape != self._array.shape:
         raise ValueError(f"{op}: in-place result of shape {tuple(result.shape)} differs from "
@@ -136,16 +136,16 @@ def _binary_inplace(op: str, fn, self: "CTensor", other: Any) -> "CTensor":
     return self
 
 
-def _binary(op: str, fn, lhs: Any, rhs: Any) -> "CTensor":
+def binary_op(op: str, fn, lhs: Any, rhs: Any) -> "CTensor":
     a, b = as_array(lhs, op), as_array(rhs, op)
     try:
         return CTensor.from_array(fn(a, b))
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{op}: cannot combine {_describe(lhs)} with {_describe(rhs)}: "
+        raise ValueError(f"{op}: cannot combine {describe(lhs)} with {describe(rhs)}: "
                          f"{e}") from None
 
 
-def _shape_arg(shape: Any, op: str) -> Tuple[int, ...]:
+def shape_arg(shape: Any, op: str) -> Tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
     try:
@@ -179,7 +179,7 @@ class CTensor:
         if device is not None and not isinstance(device, Device):  # CTensor(shape, dtype)
             device, dtype = None, device
         dev = device if device is not None else get_default_device()
-        self._array = dev.put(_full(0, _shape_arg(shape, "CTensor"), to_dtype(dtype)))
+        self._array = dev.put(_full(0, shape_arg(shape, "CTensor"), to_dtype(dtype)))
 
     @classmethod
     def from_array(cls, array: Any) -> "CTensor":
@@ -288,7 +288,7 @@ class CTensor:
         of this tensor are kept)."""
         src = as_array(other, "CopyData")
         if src.size != self._array.size:
-            raise ValueError(f"CopyData: source {_describe(other)} has {src.size} elements, "
+            raise ValueError(f"CopyData: source {describe(other)} has {src.size} elements, "
                              f"this CTensor of shape {tuple(self._array.shape)} has "
                              f"{self._array.size}")
         self._array = _copy_into(self._array, src)
@@ -296,7 +296,7 @@ class CTensor:
     # --- shape, type and placement -------------------------------------------------------------
     def Reshape(self, shape: Sequence[int]) -> "CTensor":
         """Reshape in place (C++ ``Tensor::Reshape``)."""
-        new = _shape_arg(shape, "Reshape")
+        new = shape_arg(shape, "Reshape")
         if int(np.prod(new, dtype=np.int64)) != self._array.size:
             raise ValueError(f"Reshape: cannot reshape a CTensor of shape "
                              f"{tuple(self._array.shape)} to {new}")
@@ -348,43 +348,43 @@ class CTensor:
 
     # --- arithmetic ------------------------------------------------------------------------------
     def __add__(self, other: Any) -> "CTensor":
-        return _binary("__add__", jnp.add, self, other)
+        return binary_op("__add__", jnp.add, self, other)
 
     def __radd__(self, other: Any) -> "CTensor":
-        return _binary("__radd__", jnp.add, other, self)
+        return binary_op("__radd__", jnp.add, other, self)
 
     def __sub__(self, other: Any) -> "CTensor":
-        return _binary("__sub__", jnp.subtract, self, other)
+        return binary_op("__sub__", jnp.subtract, self, other)
 
     def __rsub__(self, other: Any) -> "CTensor":
-        return _binary("__rsub__", jnp.subtract, other, self)
+        return binary_op("__rsub__", jnp.subtract, other, self)
 
     def __mul__(self, other: Any) -> "CTensor":
-        return _binary("__mul__", jnp.multiply, self, other)
+        return binary_op("__mul__", jnp.multiply, self, other)
 
     def __rmul__(self, other: Any) -> "CTensor":
-        return _binary("__rmul__", jnp.multiply, other, self)
+        return binary_op("__rmul__", jnp.multiply, other, self)
 
     def __truediv__(self, other: Any) -> "CTensor":
-        return _binary("__truediv__", jnp.divide, self, other)
+        return binary_op("__truediv__", jnp.divide, self, other)
 
     def __rtruediv__(self, other: Any) -> "CTensor":
-        return _binary("__rtruediv__", jnp.divide, other, self)
+        return binary_op("__rtruediv__", jnp.divide, other, self)
 
     def __neg__(self) -> "CTensor":
         return CTensor.from_array(-self._array)
 
     def __lt__(self, other: Any) -> "CTensor":
-        return _binary("__lt__", _compare(jnp.less), self, other)
+        return binary_op("__lt__", comparison(jnp.less), self, other)
 
     def __le__(self, other: Any) -> "CTensor":
-        return _binary("__le__", _compare(jnp.less_equal), self, other)
+        return binary_op("__le__", comparison(jnp.less_equal), self, other)
 
     def __gt__(self, other: Any) -> "CTensor":
-        return _binary("__gt__", _compare(jnp.greater), self, other)
+        return binary_op("__gt__", comparison(jnp.greater), self, other)
 
     def __ge__(self, other: Any) -> "CTensor":
-        return _binary("__ge__", _compare(jnp.greater_equal), self, other)
+        return binary_op("__ge__", comparison(jnp.greater_equal), self, other)
 
     # in place, as SINGA's C++ operators (the result keeps this tensor's shape and dtype)
     def __iadd__(self, other: Any) -> "CTensor":
@@ -412,7 +412,7 @@ class CTensor:
         return _binary_inplace("iDivFloat", jnp.divide, self, float(x))
 
 
-def _compare(fn):
+def comparison(fn):
     """SINGA's comparisons give 1/0 in the left operand's (float) dtype."""
     def compare(a, b):
         dtype = a.dtype if jnp.issubdtype(a.dtype, jnp.inexact) else jnp.float32

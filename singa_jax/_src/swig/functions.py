@@ -17,7 +17,7 @@ import jax.scipy.special as jsp
 import numpy as np
 from jax import lax
 
-from singa_jax._src.runtime.ctensor import (CTensor, _binary, _compare, _describe, _shape_arg,
+from singa_jax._src.runtime.ctensor import (CTensor, binary_op, comparison, describe, shape_arg,
                                             as_array, out_tensor, store)
 from singa_jax._src.runtime.device import device_of
 
@@ -176,22 +176,22 @@ def _relu_backward(dy, x):
 
 def ReLUBackward(in1: CTensorLike, in2: CTensorLike) -> CTensor:
     """``in1 * (in2 > 0)``: SINGA passes (dy, x)."""
-    return _binary("ReLUBackward", _relu_backward, in1, in2)
+    return binary_op("ReLUBackward", _relu_backward, in1, in2)
 
 
 # ================================================================================================
 # Arithmetic and comparisons
 # ================================================================================================
 def __add__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
-    return _binary("__add__", jnp.add, lhs, rhs)
+    return binary_op("__add__", jnp.add, lhs, rhs)
 
 
 def __sub__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
-    return _binary("__sub__", jnp.subtract, lhs, rhs)
+    return binary_op("__sub__", jnp.subtract, lhs, rhs)
 
 
 def __mul__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
-    return _binary("__mul__", jnp.multiply, lhs, rhs)
+    return binary_op("__mul__", jnp.multiply, lhs, rhs)
 
 
 @jax.jit
@@ -204,60 +204,60 @@ def _divide(a, b):
 
 
 def __div__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
-    return _binary("__div__", _divide, lhs, rhs)
+    return binary_op("__div__", _divide, lhs, rhs)
 
 
 def __lt__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
-    return _binary("__lt__", _compare(jnp.less), lhs, rhs)
+    return binary_op("__lt__", comparison(jnp.less), lhs, rhs)
 
 
 def __le__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
-    return _binary("__le__", _compare(jnp.less_equal), lhs, rhs)
+    return binary_op("__le__", comparison(jnp.less_equal), lhs, rhs)
 
 
 def __gt__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
-    return _binary("__gt__", _compare(jnp.greater), lhs, rhs)
+    return binary_op("__gt__", comparison(jnp.greater), lhs, rhs)
 
 
 def __ge__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
-    return _binary("__ge__", _compare(jnp.greater_equal), lhs, rhs)
+    return binary_op("__ge__", comparison(jnp.greater_equal), lhs, rhs)
 
 
 def __eq__(lhs: CTensorLike, rhs: CTensorLike) -> CTensor:
-    return _binary("__eq__", _compare(jnp.equal), lhs, rhs)
+    return binary_op("__eq__", comparison(jnp.equal), lhs, rhs)
 
 
 def Add(lhs: CTensorLike, rhs: CTensorLike, ret: Any = None) -> CTensor:
     """``lhs + rhs``, written into ``ret`` when given (SINGA's ``void Add(lhs, rhs, ret)``)."""
-    return _maybe_store("Add", _binary("Add", jnp.add, lhs, rhs), ret)
+    return _maybe_store("Add", binary_op("Add", jnp.add, lhs, rhs), ret)
 
 
 def Sub(lhs: CTensorLike, rhs: CTensorLike, ret: Any = None) -> CTensor:
-    return _maybe_store("Sub", _binary("Sub", jnp.subtract, lhs, rhs), ret)
+    return _maybe_store("Sub", binary_op("Sub", jnp.subtract, lhs, rhs), ret)
 
 
 def EltwiseMult(lhs: CTensorLike, rhs: CTensorLike, ret: Any = None) -> CTensor:
-    return _maybe_store("EltwiseMult", _binary("EltwiseMult", jnp.multiply, lhs, rhs), ret)
+    return _maybe_store("EltwiseMult", binary_op("EltwiseMult", jnp.multiply, lhs, rhs), ret)
 
 
 def Div(lhs: CTensorLike, rhs: CTensorLike, ret: Any = None) -> CTensor:
-    return _maybe_store("Div", _binary("Div", _divide, lhs, rhs), ret)
+    return _maybe_store("Div", binary_op("Div", _divide, lhs, rhs), ret)
 
 
 def AddFloat(t: CTensorLike, x: float) -> CTensor:
-    return _binary("AddFloat", jnp.add, t, float(x))
+    return binary_op("AddFloat", jnp.add, t, float(x))
 
 
 def SubFloat(t: CTensorLike, x: float) -> CTensor:
-    return _binary("SubFloat", jnp.subtract, t, float(x))
+    return binary_op("SubFloat", jnp.subtract, t, float(x))
 
 
 def MultFloat(t: CTensorLike, x: float) -> CTensor:
-    return _binary("MultFloat", jnp.multiply, t, float(x))
+    return binary_op("MultFloat", jnp.multiply, t, float(x))
 
 
 def DivFloat(t: CTensorLike, x: float) -> CTensor:
-    return _binary("DivFloat", _divide, t, float(x))
+    return binary_op("DivFloat", _divide, t, float(x))
 
 
 def AddFloatWithRet(t: CTensorLike, x: float, ret: CTensor) -> CTensor:
@@ -278,27 +278,27 @@ def DivFloatWithRet(t: CTensorLike, x: float, ret: CTensor) -> CTensor:
 
 def LTFloat(t: CTensorLike, x: float) -> CTensor:
     """1 where ``t < x`` else 0, in t's (float) dtype."""
-    return _binary("LTFloat", _compare(jnp.less), t, float(x))
+    return binary_op("LTFloat", comparison(jnp.less), t, float(x))
 
 
 def LEFloat(t: CTensorLike, x: float) -> CTensor:
-    return _binary("LEFloat", _compare(jnp.less_equal), t, float(x))
+    return binary_op("LEFloat", comparison(jnp.less_equal), t, float(x))
 
 
 def GTFloat(t: CTensorLike, x: float) -> CTensor:
-    return _binary("GTFloat", _compare(jnp.greater), t, float(x))
+    return binary_op("GTFloat", comparison(jnp.greater), t, float(x))
 
 
 def GEFloat(t: CTensorLike, x: float) -> CTensor:
-    return _binary("GEFloat", _compare(jnp.greater_equal), t, float(x))
+    return binary_op("GEFloat", comparison(jnp.greater_equal), t, float(x))
 
 
 def EQFloat(t: CTensorLike, x: float) -> CTensor:
-    return _binary("EQFloat", _compare(jnp.equal), t, float(x))
+    return binary_op("EQFloat", comparison(jnp.equal), t, float(x))
 
 
 def Pow(base: CTensorLike, exp: CTensorLike) -> CTensor:
-    return _binary("Pow", jnp.power, base, exp)
+    return binary_op("Pow", jnp.power, base, exp)
 
 
 def PowWithRet(base: CTensorLike, exp: CTensorLike, out: CTensor) -> CTensor:
@@ -306,7 +306,7 @@ def PowWithRet(base: CTensorLike, exp: CTensorLike, out: CTensor) -> CTensor:
 
 
 def PowFloat(t: CTensorLike, x: float) -> CTensor:
-    return _binary("PowFloat", jnp.power, t, float(x))
+    return binary_op("PowFloat", jnp.power, t, float(x))
 
 
 def PowFloatWithRet(t: CTensorLike, x: float, out: CTensor) -> CTensor:
@@ -452,9 +452,9 @@ def SoftmaxCrossEntropyBwd(p: CTensorLike, t: CTensorLike) -> CTensor:
 # ================================================================================================
 def Reshape(t: CTensorLike, shape: Sequence[int]) -> CTensor:
     a = as_array(t, "Reshape")
-    new = _shape_arg(shape, "Reshape")
+    new = shape_arg(shape, "Reshape")
     if int(np.prod(new, dtype=np.int64)) != a.size:
-        raise ValueError(f"Reshape: cannot reshape {_describe(t)} ({a.size} elements) to {new}")
+        raise ValueError(f"Reshape: cannot reshape {describe(t)} ({a.size} elements) to {new}")
     return CTensor.from_array(a.reshape(new))
 
 
@@ -468,7 +468,7 @@ def Transpose(t: CTensorLike, axes: Sequence[int]) -> CTensor:
     axes = tuple(int(i) for i in axes)
     if sorted(axes) != list(range(a.ndim)):
         raise ValueError(f"Transpose: axes {axes} are not a permutation of the {a.ndim} axes of "
-                         f"{_describe(t)}")
+                         f"{describe(t)}")
     return CTensor.from_array(jnp.transpose(a, axes))
 
 
@@ -516,7 +516,7 @@ def CopyDataToFrom(dst: CTensor, src: CTensorLike, num: int, dst_offset: int = 0
     if min(num, dst_offset, src_offset) < 0 or src_offset + num > s.size or \
             dst_offset + num > out._array.size:
         raise ValueError(f"CopyDataToFrom: {num} elements from offset {src_offset} of "
-                         f"{_describe(src)} to offset {dst_offset} of {_describe(dst)} are out "
+                         f"{describe(src)} to offset {dst_offset} of {describe(dst)} are out "
                          f"of range")
     s = device_of(out._array).put(s) if not isinstance(s, jax.core.Tracer) else s
     out._array = _copy_flat(out._array, s, num, dst_offset, src_offset)
@@ -580,7 +580,7 @@ def Axpy(alpha: Any, x: CTensorLike, y: CTensor) -> None:
         as_array(alpha, "Axpy").reshape(())
     xa = as_array(x, "Axpy")
     if xa.size != out._array.size:
-        raise ValueError(f"Axpy: x {_describe(x)} and y {_describe(y)} differ in size")
+        raise ValueError(f"Axpy: x {describe(x)} and y {describe(y)} differ in size")
     store("Axpy", out, _axpy(a, xa.reshape(out._array.shape), out._array))
 
 
@@ -594,7 +594,7 @@ def _matmul(op: str, A: CTensorLike, B: CTensorLike) -> jax.Array:
     try:
         return jnp.matmul(a, b)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{op}: cannot multiply {_describe(A)} by {_describe(B)}: {e}") from None
+        raise ValueError(f"{op}: cannot multiply {describe(A)} by {describe(B)}: {e}") from None
 
 
 def Mult(*args: Any) -> CTensor:
@@ -619,7 +619,7 @@ def MultWithScale(alpha: float, A: CTensorLike, B: CTensorLike, beta: float,
     out = out_tensor(C, "Mult")
     ab = _matmul("Mult", A, B)
     if ab.size != out._array.size:
-        raise ValueError(f"Mult: A B of shape {tuple(ab.shape)} does not fit C {_describe(C)}")
+        raise ValueError(f"Mult: A B of shape {tuple(ab.shape)} does not fit C {describe(C)}")
     return store("Mult", out, _gemm(float(alpha), as_array(A), as_array(B), float(beta),
                                     out._array.reshape(ab.shape)))
 
@@ -641,12 +641,12 @@ def _line(op: str, kind: str, axis: int, v: CTensorLike, M: CTensor, alpha: floa
     out = out_tensor(M, op)
     m, va = out._array, as_array(v, op)
     if m.ndim != 2:
-        raise ValueError(f"{op}: M must be a matrix, got {_describe(M)}")
+        raise ValueError(f"{op}: M must be a matrix, got {describe(M)}")
     n = m.shape[1] if axis == 1 else m.shape[0]
     if va.size != n:
         what = "columns" if axis == 1 else "rows"
-        raise ValueError(f"{op}: v {_describe(v)} must have one value per {what[:-1]} of M "
-                         f"{_describe(M)} ({n} {what})")
+        raise ValueError(f"{op}: v {describe(v)} must have one value per {what[:-1]} of M "
+                         f"{describe(M)} ({n} {what})")
     out._array = _line_kernel(kind, axis, float(alpha), float(beta), va, m).astype(m.dtype)
 
 
@@ -704,7 +704,7 @@ def SumColumns(M: CTensorLike, v: CTensor) -> None:
     """``v[i] = sum_j M[i, j]`` (one value per row)."""
     m = as_array(M, "SumColumns")
     if m.ndim != 2:
-        raise ValueError(f"SumColumns: M must be a matrix, got {_describe(M)}")
+        raise ValueError(f"SumColumns: M must be a matrix, got {describe(M)}")
     store("SumColumns", out_tensor(v, "SumColumns"), _sum_axis(m, 1))
 
 
@@ -712,5 +712,5 @@ def SumRows(M: CTensorLike, v: CTensor) -> None:
     """``v[j] = sum_i M[i, j]`` (one value per column)."""
     m = as_array(M, "SumRows")
     if m.ndim != 2:
-        raise ValueError(f"SumRows: M must be a matrix, got {_describe(M)}")
+        raise ValueError(f"SumRows: M must be a matrix, got {describe(M)}")
     store("SumRows", out_tensor(v, "SumRows"), _sum_axis(m, 0))

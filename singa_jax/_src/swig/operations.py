@@ -20,7 +20,7 @@ from singa_jax._src.autodiff import residuals
 from singa_jax._src.ops.handles import (BatchNormHandle, ConvHandle, CudnnBatchNormHandle,
                                         CudnnConvHandle, CudnnPoolingHandle, CudnnRNNHandle,
                                         PoolingHandle)
-from singa_jax._src.runtime.ctensor import CTensor, _describe, as_array, out_tensor, store
+from singa_jax._src.runtime.ctensor import CTensor, describe, as_array, out_tensor, store
 from singa_jax._src.backend.xla_options import kernel
 
 __all__ = [
@@ -113,7 +113,7 @@ def CpuConvBackwardb(dy: Any, b: Any, ch: ConvHandle) -> CTensor:
     _check_handle("CpuConvBackwardb", ch, ConvHandle)
     dya, ba = as_array(dy, "CpuConvBackwardb"), as_array(b, "CpuConvBackwardb")
     if dya.ndim != 4 or dya.shape[1] != ba.size:
-        raise ValueError(f"CpuConvBackwardb: dy {_describe(dy)} does not match b {_describe(b)}")
+        raise ValueError(f"CpuConvBackwardb: dy {describe(dy)} does not match b {describe(b)}")
     return CTensor.from_array(_conv_backward_b(dya, ba))
 
 
@@ -207,11 +207,11 @@ def _bn_arrays(op: str, bnh: Any, x: Any, *params: Any):
     xa = as_array(x, op)
     arrays = [as_array(p, op) for p in params]
     if xa.ndim not in (2, 4):
-        raise ValueError(f"{op}: x must be (N, C, H, W) or (N, C), got {_describe(x)}")
+        raise ValueError(f"{op}: x must be (N, C, H, W) or (N, C), got {describe(x)}")
     for p, a in zip(params, arrays):
         if a.size != xa.shape[1]:
-            raise ValueError(f"{op}: {_describe(p)} does not hold one value per channel of x "
-                             f"{_describe(x)}")
+            raise ValueError(f"{op}: {describe(p)} does not hold one value per channel of x "
+                             f"{describe(x)}")
     return xa, arrays
 
 
@@ -312,8 +312,8 @@ def _rnn_inputs(op: str, h: Any, x: Any, hx: Any, cx: Any, W: Any):
     state = h.state_shape(xa.shape[1]) if xa.ndim == 3 else None
     if xa.ndim != 3 or xa.shape[2] != h.feature_size or tuple(hxa.shape) != state or \
             tuple(cxa.shape) != state or wa.size != h.weights_size:
-        raise ValueError(f"{op}: x {_describe(x)}, hx {_describe(hx)}, cx {_describe(cx)}, "
-                         f"W {_describe(W)} do not match the handle {h!r}")
+        raise ValueError(f"{op}: x {describe(x)}, hx {describe(hx)}, cx {describe(cx)}, "
+                         f"W {describe(W)} do not match the handle {h!r}")
     h.seq_length, h.batch_size = xa.shape[0], xa.shape[1]
     return xa, hxa, cxa, wa
 

@@ -11,10 +11,11 @@ import numpy as np
 
 from singa_jax._src.runtime.ctensor import CTensor
 from singa_jax._src.base.dtypes import float32, to_dtype
+from singa_jax._src.runtime.mesh import host_value
 from singa_jax._src.runtime.device import Device, device_of, get_default_device
-from singa_jax._src.tensor.tensor import ShapeLike, Tensor, _as_shape, _filled
-from singa_jax._src.tensor.operands import (_binary, _broadcast, _check_tensor, _line, _result,
-                                            _same_device, _shape_errors, _to_scalar)
+from singa_jax._src.tensor.tensor import ShapeLike, Tensor, as_shape, filled
+from singa_jax._src.tensor.operands import (binary, broadcast_shapes, check_tensor, as_line, result,
+                                            same_device, shape_errors, to_scalar)
 
 
 def from_raw_tensor(t: Any) -> Tensor:
@@ -92,10 +93,9 @@ def from_dlpack(x: Any) -> Tensor:
 
 def to_numpy(t: Tensor) -> np.ndarray:
     """A (writable) NumPy copy of ``t``'s value."""
-    a = _check_tensor("to_numpy", "t", t).array
+    a = check_tensor("to_numpy", "t", t).array
     if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and \
             not a.is_fully_addressable:  # DistOpt's state sharded over several processes
-        from singa_jax._src.dist.spmd import host_value
         return host_value(a)
     return np.array(a)
 
@@ -107,12 +107,12 @@ def to_host(t: Tensor) -> Tensor:
 
 def copy_from_numpy(data: Tensor, np_array: np.ndarray) -> None:
     """Copy ``np_array`` into the tensor ``data`` (SINGA passes its C++ tensor)."""
-    _check_tensor("copy_from_numpy", "data", data).copy_from_numpy(np_array)
+    check_tensor("copy_from_numpy", "data", data).copy_from_numpy(np_array)
 
 
 def _constant(shape: ShapeLike, value: float, device: Optional[Device]) -> Tensor:
     device = get_default_device() if device is None else device
-    return Tensor(data=_filled(_as_shape(shape), value, float32, device), device=device)
+    return Tensor(data=filled(as_shape(shape), value, float32, device), device=device)
 
 
 def zeros(shape: ShapeLike, device: Optional[Device] = None) -> Tensor:
@@ -165,29 +165,29 @@ def repeat(t: Tensor, repeats: Union[int, Sequence[int]], axis: Optional[int] = 
 def sum(t: Tensor, axis: Union[None, int, Tuple[int, ...]] = None,
         out: Optional[Tensor] = None) -> Tensor:
     """Sum over ``axis`` (all elements when None: a 0-d tensor), optionally into ``out``."""
-    with _shape_errors("sum", t):
+    with shape_errors("sum", t):
         arr = jnp.sum(t.array, axis=axis)
-    return _result("sum", t, arr, out)
+    return result("sum", t, arr, out)
 
 
 def average(t: Tensor, axis: Optional[int] = None) -> Union[float, Tensor]:
     """Mean of all elements as a float (SINGA also does so for 1-d tensors), else the tensor of
     means over ``axis``."""
     if axis is None or t.ndim() <= 1:
-        return _to_scalar(jnp.mean(t.array))
-    with _shape_errors("average", t):
+        return to_scalar(jnp.mean(t.array))
+    with shape_errors("average", t):
         return t._new(jnp.mean(t.array, axis=axis))
 
 
 def softmax(t: Tensor, out: Optional[Tensor] = None) -> Tensor:
     """Softmax over the last axis (each row of a 2-d tensor):
     ``exp(x - max) / sum(exp(x - max))``."""
-    return _result("softmax", t, jax.nn.softmax(t.array, axis=-1), out)
+    return result("softmax", t, jax.nn.softmax(t.array, axis=-1), out)
 
 
 def _elementwise(op: str, fn: Callable, lhs: Tensor, rhs: Any, out: Optional[Tensor]) -> Tensor:
-    _check_tensor(op, "lhs", lhs)
-    return _result(op, lhs, _binary(op, fn, lhs, rhs), out)
+    check_tensor(op, "lhs", lhs)
+    return result(op, lhs, binary(op, fn, lhs, rhs), out)
 
 
 def pow(t: Tensor, x: Any, out: Optional[Tensor] = None) -> Tensor:
@@ -208,7 +208,7 @@ def _make_elementwise(name: str, fn: Callable) -> Callable:
 def _make_comparison(name: str, fn: Callable) -> Callable:
     """SINGA's ``<name>(t, x)``: the operator ``Tensor.__<name>__`` (which applies ``fn``)."""
     def comparison(t: Tensor, x: Any) -> Tensor:
-        result = getattr(_check_tensor(name, "t", t), f"__{name}__")(x)
+        result = getattr(check_tensor(name, "t", t), f"__{name}__")(x)
         if result is NotImplemented:
             raise TypeError(f"{name}: cannot compare a Tensor with a {type(x).__name__}")
         return result
@@ -220,7 +220,7 @@ def _make_comparison(name: str, fn: Callable) -> Callable:
 def _make_unary(name: str, fn: Callable, formula: str) -> Callable:
     """SINGA's ``<name>(t)``: a new tensor of ``fn`` of each element (``formula`` documents it)."""
     def unary(t: Tensor) -> Tensor:
-        return _check_tensor(name, "t", t)._new(fn(t.array))
+        return check_tensor(name, "t", t)._new(fn(t.array))
     unary.__name__ = unary.__qualname__ = name
     unary.__doc__ = f"A new tensor with ``{formula}`` for each element x of ``t``."
     return unary
@@ -269,21 +269,21 @@ def einsum(ops: str, *args: Tensor) -> Tensor:
     if not args:
         raise ValueError(f"einsum: no operands for {ops!r}")
     for i, a in enumerate(args):
-        _check_tensor("einsum", f"operand {i}", a)
-    _same_device("einsum", *args)
-    with _shape_errors(f"einsum({ops!r})", *args):
+        check_tensor("einsum", f"operand {i}", a)
+    same_device("einsum", *args)
+    with shape_errors(f"einsum({ops!r})", *args):
         return args[0]._new(jnp.einsum(ops, *(a.array for a in args)))
 
 
 def tensordot(A: Tensor, B: Tensor, axes: Any = 2) -> Tensor:
     """``numpy.tensordot``: sum products over the last ``axes`` of A and first of B, or over the
     pair of axis lists ``axes``."""
-    _check_tensor("tensordot", "A", A)
-    _check_tensor("tensordot", "B", B)
-    _same_device("tensordot", A, B)
+    check_tensor("tensordot", "A", A)
+    check_tensor("tensordot", "B", B)
+    same_device("tensordot", A, B)
     if isinstance(axes, (list, tuple)):
         axes = tuple(tuple(a) if isinstance(a, (list, tuple)) else a for a in axes)
-    with _shape_errors("tensordot", A, B):
+    with shape_errors("tensordot", A, B):
         return A._new(jnp.tensordot(A.array, B.array, axes))
 
 
@@ -293,18 +293,18 @@ def concatenate(tensors: Sequence[Tensor], axis: int) -> Tensor:
     if not tensors:
         raise ValueError("concatenate: no tensors given")
     for i, t in enumerate(tensors):
-        _check_tensor("concatenate", f"tensor {i}", t)
-    _same_device("concatenate", *tensors)
-    with _shape_errors("concatenate", *tensors):
+        check_tensor("concatenate", f"tensor {i}", t)
+    same_device("concatenate", *tensors)
+    with shape_errors("concatenate", *tensors):
         return tensors[0]._new(jnp.concatenate([t.array for t in tensors], axis=axis))
 
 
 def axpy(alpha: float, x: Tensor, y: Tensor) -> Tensor:
     """In place ``y += alpha * x``; returns ``y``."""
-    _check_tensor("axpy", "x", x)
-    _check_tensor("axpy", "y", y)
-    _same_device("axpy", x, y)
-    if _broadcast("axpy", x.shape, y.shape) != y.shape:
+    check_tensor("axpy", "x", x)
+    check_tensor("axpy", "y", y)
+    same_device("axpy", x, y)
+    if broadcast_shapes("axpy", x.shape, y.shape) != y.shape:
         raise ValueError(f"axpy: x of shape {x.shape} does not broadcast to y of shape {y.shape}")
     y.array = (y.array + alpha * x.array).astype(y.dtype)
     return y
@@ -312,22 +312,22 @@ def axpy(alpha: float, x: Tensor, y: Tensor) -> Tensor:
 
 def bernoulli(p: float, t: Tensor) -> Tensor:
     """Fill ``t`` in place with 1 (probability ``p``) or 0; returns ``t``."""
-    return _check_tensor("bernoulli", "t", t).bernoulli(p)
+    return check_tensor("bernoulli", "t", t).bernoulli(p)
 
 
 def gaussian(mean: float, std: float, t: Tensor) -> Tensor:
     """Fill ``t`` in place from N(mean, std**2); returns ``t``."""
-    return _check_tensor("gaussian", "t", t).gaussian(mean, std)
+    return check_tensor("gaussian", "t", t).gaussian(mean, std)
 
 
 def uniform(low: float, high: float, t: Tensor) -> Tensor:
     """Fill ``t`` in place from U[low, high); returns ``t``."""
-    return _check_tensor("uniform", "t", t).uniform(low, high)
+    return check_tensor("uniform", "t", t).uniform(low, high)
 
 
 def _scaled_line_update(op: str, alpha: float, v: Tensor, beta: float, M: Tensor,
                         axis: int) -> Tensor:
-    line = _line(op, M, v, axis)
+    line = as_line(op, M, v, axis)
     M.array = (alpha * line + beta * M.array).astype(M.dtype)
     return M
 
@@ -343,7 +343,7 @@ def add_row(alpha: float, v: Tensor, beta: float, M: Tensor) -> Tensor:
 
 
 def _sum_keepdims(op: str, M: Tensor, axis: int) -> Tensor:
-    if _check_tensor(op, "M", M).ndim() != 2:
+    if check_tensor(op, "M", M).ndim() != 2:
         raise ValueError(f"{op}: expects a 2-d tensor, got shape {M.shape}")
     return M._new(jnp.sum(M.array, axis=axis, keepdims=True))
 

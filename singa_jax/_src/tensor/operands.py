@@ -24,12 +24,12 @@ if TYPE_CHECKING:
 __all__ = ["copy_data_to_from", "mult"]
 
 
-def _to_scalar(x: jax.Array):
+def to_scalar(x: jax.Array):
     """A Python float of a 0-d result (SINGA returns floats); the array itself while tracing."""
     return x if isinstance(x, jax.core.Tracer) else float(x)
 
 
-def _write_flat(arr: jax.Array, offset: int, values: jax.Array) -> jax.Array:
+def write_flat(arr: jax.Array, offset: int, values: jax.Array) -> jax.Array:
     """``arr`` with its flattened elements ``offset ...`` replaced by ``values``."""
     if offset == 0 and values.size == arr.size:
         return values.reshape(arr.shape)
@@ -42,7 +42,7 @@ def _describe(x: Any) -> str:
     return f"{type(x).__name__} of shape {np.shape(x)}"
 
 
-def _same_device(op: str, *tensors: Tensor) -> None:
+def same_device(op: str, *tensors: Tensor) -> None:
     first = tensors[0]
     for t in tensors[1:]:
         if t.device.jax_device != first.device.jax_device:
@@ -50,17 +50,17 @@ def _same_device(op: str, *tensors: Tensor) -> None:
                              f"{_describe(t)}; move one with Tensor.to_device()")
 
 
-def _check_tensor(op: str, name: str, x: Any) -> Tensor:
+def check_tensor(op: str, name: str, x: Any) -> Tensor:
     if not isinstance(x, TensorBase):
         raise TypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
     return x
 
 
-def _operand(op: str, t: Tensor, x: Any):
+def operand(op: str, t: Tensor, x: Any):
     """``x`` as an operand of ``t`` in ``op``: its array (same device enforced) or a scalar/array;
     NotImplemented for other types, so Python can try the other operand's operator."""
     if isinstance(x, TensorBase):
-        _same_device(op, t, x)
+        same_device(op, t, x)
         return x.array
     if isinstance(x, (bool, int, float)):
         return x
@@ -71,7 +71,7 @@ def _operand(op: str, t: Tensor, x: Any):
     return NotImplemented
 
 
-def _broadcast(op: str, a: Tuple[int, ...], b: Tuple[int, ...]) -> Tuple[int, ...]:
+def broadcast_shapes(op: str, a: Tuple[int, ...], b: Tuple[int, ...]) -> Tuple[int, ...]:
     a, b = tuple(a), tuple(b)
     shape = _BROADCASTS.get((a, b))  # (NumPy's rule costs ~4 us a call: known per shape pair)
     if shape is None:
@@ -89,7 +89,7 @@ _BROADCASTS: Dict[Tuple[Tuple[int, ...], Tuple[int, ...]], Tuple[int, ...]] = {}
 
 
 @contextlib.contextmanager
-def _shape_errors(op: str, *operands: Any) -> Iterator[None]:
+def shape_errors(op: str, *operands: Any) -> Iterator[None]:
     """Re-raise JAX's complaints about operand shapes (TypeError or ValueError there) as a
     ValueError naming ``op`` and the operands."""
     try:
@@ -101,14 +101,14 @@ def _shape_errors(op: str, *operands: Any) -> Iterator[None]:
         raise ValueError(f"{op}: {e} (operands: {described})") from e
 
 
-def _binary(op: str, fn: Callable, lhs: Tensor, rhs: Any, reflected: bool = False,
+def binary(op: str, fn: Callable, lhs: Tensor, rhs: Any, reflected: bool = False,
             dtype: Any = None):
     """``fn(lhs, rhs)`` on arrays (``fn(rhs, lhs)`` if reflected) with NumPy broadcasting,
     cast to ``dtype`` if given, as one cached kernel (see :func:`_elementwise_kernel`)."""
-    b = _operand(op, lhs, rhs)
+    b = operand(op, lhs, rhs)
     if b is NotImplemented:
         return b
-    _broadcast(op, lhs.shape, () if type(b) in _SCALARS else b.shape)
+    broadcast_shapes(op, lhs.shape, () if type(b) in _SCALARS else b.shape)
     x, y = (b, lhs.array) if reflected else (lhs.array, b)
     number = _number_of(fn)
     if number is None:  # jnp.power
@@ -176,7 +176,7 @@ _numbering = threading.Lock()
 
 def _store(op: str, out: Tensor, arr: jax.Array) -> Tensor:
     """Write ``arr`` into ``out`` (SINGA's ``ret=``/``out=``/``C=``): same shape, out's dtype."""
-    _check_tensor(op, "the output", out)
+    check_tensor(op, "the output", out)
     if tuple(arr.shape) != out.shape:
         raise ValueError(f"{op}: result of shape {tuple(arr.shape)} does not fit the output "
                          f"tensor of shape {out.shape}")
@@ -184,19 +184,19 @@ def _store(op: str, out: Tensor, arr: jax.Array) -> Tensor:
     return out
 
 
-def _result(op: str, like: Tensor, arr: Any, out: Optional[Tensor]) -> Tensor:
+def result(op: str, like: Tensor, arr: Any, out: Optional[Tensor]) -> Tensor:
     if arr is NotImplemented:
         raise TypeError(f"{op}: unsupported operand; expected a Tensor, a number or an array")
     return like._new(arr) if out is None else _store(op, out, arr)
 
 
-def _line(op: str, M: Tensor, v: Any, axis: int) -> jax.Array:
+def as_line(op: str, M: Tensor, v: Any, axis: int) -> jax.Array:
     """``v`` as a column (axis 0) or row (axis 1) of the 2-d tensor ``M``, for broadcasting."""
-    _check_tensor(op, "M", M)
-    _check_tensor(op, "v", v)
+    check_tensor(op, "M", M)
+    check_tensor(op, "v", v)
     if M.ndim() != 2:
         raise ValueError(f"{op}: expects a 2-d tensor, got shape {M.shape}")
-    _same_device(op, M, v)
+    same_device(op, M, v)
     n = M.shape[axis]
     if v.size() != n:
         kind = "column" if axis == 0 else "row"
@@ -210,30 +210,30 @@ def copy_data_to_from(dst: Tensor, src: Tensor, size: int, dst_offset: int = 0,
     """Copy ``size`` elements of ``src`` (from flat position ``src_offset``) into ``dst`` (from
     ``dst_offset``); the tensors may be on different devices."""
     op = "copy_data_to_from"
-    _check_tensor(op, "dst", dst)
-    _check_tensor(op, "src", src)
+    check_tensor(op, "dst", dst)
+    check_tensor(op, "src", src)
     if (builtins.min(size, dst_offset, src_offset) < 0 or src_offset + size > src.size()
             or dst_offset + size > dst.size()):
         raise ValueError(f"{op}: cannot copy {size} elements from offset {src_offset} of a tensor "
                          f"of shape {src.shape} to offset {dst_offset} of a tensor of shape "
                          f"{dst.shape}")
     values = src.array.reshape(-1)[src_offset:src_offset + size].astype(dst.dtype)
-    dst.array = _write_flat(dst.array, dst_offset, dst.device.put(values))
+    dst.array = write_flat(dst.array, dst_offset, dst.device.put(values))
 
 
 def mult(A: Tensor, B: Tensor, C: Optional[Tensor] = None, alpha: float = 1.0,
          beta: float = 0.0) -> Tensor:
     """``alpha * A @ B`` (matrix-matrix, matrix-vector or batched), or in place
     ``C = alpha * A @ B + beta * C`` when ``C`` is given (then returned)."""
-    _check_tensor("mult", "A", A)
-    _check_tensor("mult", "B", B)
-    _same_device("mult", A, B)
-    with _shape_errors("mult", A, B):
+    check_tensor("mult", "A", A)
+    check_tensor("mult", "B", B)
+    same_device("mult", A, B)
+    with shape_errors("mult", A, B):
         prod = jnp.matmul(A.array, B.array)
     if alpha != 1.0:
         prod = alpha * prod
     if C is None:
         return A._new(prod)
-    _same_device("mult", A, _check_tensor("mult", "C", C))
+    same_device("mult", A, check_tensor("mult", "C", C))
     # BLAS ignores C when beta is 0, so NaNs in C do not leak in
     return _store("mult", C, prod if beta == 0 else prod + beta * C.array)

@@ -28,14 +28,14 @@ from singa_jax._src.base.dtypes import float32, to_dtype
 from singa_jax._src.backend.xla_options import kernel, no_trace_running
 from singa_jax._src.eager.replay import Deferred
 from singa_jax._src.tensor.base import TensorBase, is_array
-from singa_jax._src.tensor.operands import (_binary, _broadcast, _line, _operand, _to_scalar,
-                                            _write_flat, copy_data_to_from, mult)
+from singa_jax._src.tensor.operands import (binary, broadcast_shapes, as_line, operand, to_scalar,
+                                            write_flat, copy_data_to_from, mult)
 
 
 ShapeLike = Union[int, Sequence[int]]
 
 
-def _filled(shape: Tuple[int, ...], value: Any, dtype: Any, device: Device) -> jax.Array:
+def filled(shape: Tuple[int, ...], value: Any, dtype: Any, device: Device) -> jax.Array:
     """A new array of ``shape`` filled with ``value``, created directly on ``device``. With a
     concrete value on a CPU device outside any trace, or on any device in
     :func:`modes.compile_time_eval` (where ``Model.compile()`` builds parameters), NumPy fills
@@ -49,7 +49,7 @@ def _filled(shape: Tuple[int, ...], value: Any, dtype: Any, device: Device) -> j
     return jnp.full(shape, value, dtype, device=jd)
 
 
-def _as_shape(shape: ShapeLike) -> Tuple[int, ...]:
+def as_shape(shape: ShapeLike) -> Tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
     return tuple(int(s) for s in shape)
@@ -160,7 +160,7 @@ def _operator(name: str, fn: Callable, reflected: bool = False) -> Callable:
     def forward(self, other):
         if recorded and _tracked(self, other):
             return _autograd().tracked_operator(name, self, other, reflected=reflected)
-        arr = _binary(op, fn, self, other, reflected=reflected)
+        arr = binary(op, fn, self, other, reflected=reflected)
         return arr if arr is NotImplemented else self._new(arr)
     return _method(forward, op, f"Elementwise ``{fn.__name__}`` with NumPy broadcasting.")
 
@@ -173,7 +173,7 @@ def _inplace_operator(name: str, fn: Callable) -> Callable:
         if _tracked(self, other) and is_grad_enabled():
             _autograd().refuse_inplace(op, self, other)
         # The handle keeps its shape and dtype (SINGA updates its buffer); the array is rebound.
-        arr = _binary(op, fn, self, other, dtype=self.dtype)
+        arr = binary(op, fn, self, other, dtype=self.dtype)
         if arr is NotImplemented:
             return arr
         if tuple(arr.shape) != self.shape:
@@ -191,7 +191,7 @@ def _comparison(name: str, fn: Callable) -> Callable:
     def compare(self, other):
         if other is None:  # SINGA: ``t == None`` is False
             return name == "ne"
-        arr = _binary(op, fn, self, other, dtype=self.dtype)
+        arr = binary(op, fn, self, other, dtype=self.dtype)
         return arr if arr is NotImplemented else self._new(arr)
     return _method(compare, op, f"Elementwise ``{fn.__name__}``: 0/1 in this tensor's dtype.")
 
@@ -199,7 +199,7 @@ def _comparison(name: str, fn: Callable) -> Callable:
 def _line_method(name: str, fn: Callable, axis: int) -> Callable:
     """In place ``M = fn(M, v)`` with ``v`` a column (axis 0) or row (axis 1) of the 2-d M."""
     def update(self, v: "Tensor") -> "Tensor":
-        self.array = fn(self.array, _line(name, self, v, axis)).astype(self.dtype)
+        self.array = fn(self.array, as_line(name, self, v, axis)).astype(self.dtype)
         return self
     what = "column" if axis == 0 else "row"
     return _method(update, name,
@@ -241,10 +241,10 @@ class Tensor(TensorBase):
             raise TypeError(f"Tensor: device must be a singa_jax Device, got "
                             f"{type(device).__name__}")
         if data is None:
-            shape = _as_shape(shape)
+            shape = as_shape(shape)
             if any(s < 0 for s in shape):
                 raise ValueError(f"Tensor: shape must have sizes >= 0, got {shape}")
-            arr = _filled(shape, 0, dtype, device)
+            arr = filled(shape, 0, dtype, device)
         elif isinstance(data, Tensor):
             arr = data.array
         elif isinstance(data, CTensor):
@@ -457,7 +457,7 @@ class Tensor(TensorBase):
     # --- shape ------------------------------------------------------------------------------
     def reshape(self, shape: ShapeLike) -> "Tensor":
         """A new tensor with this tensor's values in ``shape`` (one entry may be -1)."""
-        shape = _as_shape(shape)
+        shape = as_shape(shape)
         known = math.prod(s for s in shape if s != -1)
         fits = (known == self.size() if -1 not in shape
                 else shape.count(-1) == 1 and known and self.size() % known == 0)
@@ -499,7 +499,7 @@ class Tensor(TensorBase):
     def reset_like(self, t: "Tensor") -> None:
         """Make this tensor a zero tensor with ``t``'s shape, dtype and device."""
         self.device = t.device
-        self.array = _filled(t.shape, 0, t.dtype, t.device)
+        self.array = filled(t.shape, 0, t.dtype, t.device)
 
     # --- dtype and device -------------------------------------------------------------------
     def as_type(self, dtype: Any) -> "Tensor":
@@ -526,18 +526,18 @@ class Tensor(TensorBase):
     # --- norms ------------------------------------------------------------------------------
     def l1(self) -> float:
         """SINGA's L1: ``sum(|x|) / size``."""
-        return _to_scalar(jnp.sum(jnp.abs(self.array)) / self.size())
+        return to_scalar(jnp.sum(jnp.abs(self.array)) / self.size())
 
     def l2(self) -> float:
         """SINGA's L2: ``sqrt(sum(x**2)) / size`` (SINGA divides the norm by the size)."""
-        return _to_scalar(jnp.linalg.norm(self.array.ravel()) / self.size())
+        return to_scalar(jnp.linalg.norm(self.array.ravel()) / self.size())
 
     # --- writing values ---------------------------------------------------------------------
     def set_value(self, x: Any, inplace: bool = True) -> "Tensor":
         """Fill with ``x``: this tensor (returned) if ``inplace``, else a new tensor."""
         if isinstance(x, Tensor):
             x = x.array
-        return self._fill(_filled(self.shape, x, self.dtype, self.device), inplace)
+        return self._fill(filled(self.shape, x, self.dtype, self.device), inplace)
 
     def _fill(self, arr: jax.Array, inplace: bool) -> "Tensor":
         """Rebind this tensor to ``arr`` and return it, or (not inplace) a new tensor over it."""
@@ -559,7 +559,7 @@ class Tensor(TensorBase):
                              f"elements) does not fit a tensor of shape {self.shape} "
                              f"({self.size()} elements) at offset {offset}")
         values = self.device.put(src.astype(self.dtype).reshape(-1), private=True)  # (a copy)
-        self.array = _write_flat(self.array, offset, values)
+        self.array = write_flat(self.array, offset, values)
 
     def copy_data(self, t: "Tensor") -> None:
         """Copy ``t``'s values (same number of elements, any device) into this tensor."""
@@ -670,10 +670,10 @@ class Tensor(TensorBase):
         index = self._index(keys, "__setitem__")
         target = tuple(len(range(*s.indices(n))) for s, n in zip(index, self.shape))
         target += self.shape[len(index):]
-        v = _operand("__setitem__", self, value)
+        v = operand("__setitem__", self, value)
         if v is NotImplemented:
             raise TypeError(f"__setitem__: cannot assign a {type(value).__name__}")
-        if _broadcast("__setitem__", target, jnp.shape(v)) != target:
+        if broadcast_shapes("__setitem__", target, jnp.shape(v)) != target:
             raise ValueError(f"__setitem__: value of shape {jnp.shape(v)} does not fit the "
                              f"selected region of shape {target}")
         key = _static_slices(index)
