@@ -22,7 +22,7 @@ from backend_precision import matmul_tolerance
 from singa_jax import autograd, layer, model, opt, tensor
 from singa_jax._src.model import checkpoint
 from singa_jax._src.base import checks
-from singa_jax._src.optim.optimizers import NonFiniteStepWarning
+from singa_jax.opt import NonFiniteStepWarning
 from singa_jax._src.optim.update import _all_finite
 from singa_jax.tensor import Tensor
 

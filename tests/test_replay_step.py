@@ -20,7 +20,7 @@ from singa_jax._src.eager import replay
 from singa_jax._src.backend import xla_options
 from singa_jax._src.autodiff import fused
 from singa_jax._src.optim import update
-from singa_jax._src.optim.optimizers import NonFiniteStepWarning
+from singa_jax.opt import NonFiniteStepWarning
 
 WARMUP = 7  # calls after which a recurring step is one compiled program (see bench_eager.py)
 

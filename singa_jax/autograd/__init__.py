@@ -122,4 +122,10 @@ __all__ = [
     "RNN", "RNN_Base", "SeparableConv2d", "cast"]
 
 _publish(__name__, __all__)
-_sys.modules[__name__].__class__ = _TrainingFlagModule
+
+
+class _AutogradModule(_TrainingFlagModule):
+    """This module's type (``training``: a live view of the scoped training mode)."""
+
+
+_sys.modules[__name__].__class__ = _AutogradModule

@@ -38,9 +38,10 @@ everything from ``singa_jax.opt``.
 """
 from singa_jax._src.optim.schedules import (
     DecayScheduler as DecayScheduler, Constant as Constant, ExponentialDecay as ExponentialDecay)
-from singa_jax._src.optim.optimizers import (
-    Optimizer as Optimizer, SGD as SGD, RMSProp as RMSProp, AdaGrad as AdaGrad, Adam as Adam,
-    NonFiniteStepWarning as NonFiniteStepWarning)
+from singa_jax._src.optim.optimizers import Optimizer as Optimizer
+from singa_jax._src.optim.algorithms import (
+    SGD as SGD, RMSProp as RMSProp, AdaGrad as AdaGrad, Adam as Adam)
+from singa_jax._src.optim.guard import NonFiniteStepWarning as NonFiniteStepWarning
 from singa_jax._src.dist.dist import DistOpt as DistOpt
 from singa_jax._src.optim.optax import OptaxOptimizer as OptaxOptimizer, from_optax as from_optax
 from singa_jax._src.optim.update import UpdateRule as UpdateRule

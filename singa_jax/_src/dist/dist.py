@@ -46,7 +46,8 @@ import numpy as np
 
 from singa_jax._src.runtime.ctensor import CTensor
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.optim.optimizers import SGD, Optimizer, param_name, state_tensor
+from singa_jax._src.optim.algorithms import SGD
+from singa_jax._src.optim.optimizers import Optimizer, param_name, state_tensor
 from singa_jax._src.optim.schedules import check_real
 from singa_jax._src.runtime.cluster import TIMEOUT_ENV, join_run, sparsify, to_half
 from singa_jax._src.dist.spmd import SPMD_BODY, ZERO_AXES, SpmdStep, zero_dim, zero_spec

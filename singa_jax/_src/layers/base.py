@@ -27,7 +27,7 @@ import warnings
 import weakref
 from collections.abc import Mapping
 from functools import wraps
-from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -35,7 +35,8 @@ import numpy as np
 from singa_jax._src.base.modes import autocast_dtype, compile_time_eval, parameter_initialization
 from singa_jax._src.tensor.tensor import Tensor
 
-__all__ = ["LayerMeta", "Layer", "move_to_device", "positive_int", "concrete_initialization"]
+__all__ = ["LayerMeta", "Layer", "move_to_device", "positive_int", "concrete_initialization",
+           "layer_tree"]
 
 # Set by Model.compile(), whose placeholder forward is traced on shapes only: layers initialised
 # during it still compute their parameters concretely (the same values an eager forward gives).
@@ -496,3 +497,15 @@ class Layer(object, metaclass=LayerMeta):
             dtype = jnp.float32  # autocast: a half-precision activation, float32 master weights
         return Tensor(shape=tuple(int(s) for s in shape), device=device, dtype=dtype,
                       requires_grad=trainable, stores_grad=trainable)
+
+
+def layer_tree(root: "Layer") -> List[Layer]:
+    """``root`` and every layer registered below it."""
+    found, stack, seen = [], [root], set()
+    while stack:
+        layer = stack.pop()
+        if id(layer) not in seen:
+            seen.add(id(layer))
+            found.append(layer)
+            stack.extend(layer.__dict__.get("_layers", {}).values())
+    return found

@@ -29,23 +29,23 @@ into one ``jax.jit`` program; otherwise every operator runs eagerly. Both give t
 from __future__ import annotations
 
 import contextlib
-import threading
 from functools import wraps
 from types import MethodType
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import jax
-import numpy as np
 
 from singa_jax._src.model import checkpoint
 from singa_jax._src.base import checks, modes
 from singa_jax._src.eager import replay
-from singa_jax._src.runtime import device as device_mod
 from singa_jax._src.autodiff.autocast import compute_dtype
 from singa_jax._src.graph.runner import NOT_CACHED, GraphModeError, GraphRunner, ProgramNotKept
 from singa_jax._src.graph.layout import tensors_in
 from singa_jax._src.backend.tiers import tiered_compilation
-from singa_jax._src.layers.base import Layer, LayerMeta, concrete_initialization
+from singa_jax._src.layers.base import Layer, LayerMeta, layer_tree
+from singa_jax._src.model.functional import functional
+from singa_jax._src.model.initialization import initialize
+from singa_jax._src.model.step import checked_step, plain_optimizers, with_wrapped
 from singa_jax._src.model import state_ahead
 from singa_jax._src.dist.dist import spmd_of
 from singa_jax._src.dist.spmd import bring_state_home, state_entered_mesh
@@ -138,7 +138,7 @@ class Model(Layer, metaclass=ModelMeta):
         The placeholders run through ``forward`` once in evaluation mode, which creates every
         parameter (as SINGA's buffered-and-discarded forward does) without touching batch-norm
         statistics. That forward is traced on shapes only and the parameters are filled on the
-        host: no program is compiled per layer (see :func:`_initialize`). With
+        host: no program is compiled per layer (see :func:`~.initialization.initialize`). With
         ``is_train=False`` and ``use_graph=True`` the evaluation step -- ``forward`` on inputs
         like the placeholders -- is compiled here too (:meth:`compile_step`), so the first
         ``model(x)`` runs at once; a training step takes arguments compile() is not given (the
@@ -157,7 +157,7 @@ class Model(Layer, metaclass=ModelMeta):
         modes.set_training(False)
         try:
             with modes.autocast_mode(compute) if compute is not None else _NO_SCOPE:
-                _initialize(self, inputs)
+                initialize(self, inputs)
         finally:
             modes.set_training(prev)
         self.train(is_train)
@@ -255,7 +255,7 @@ class Model(Layer, metaclass=ModelMeta):
         # the trace may add layers and attributes (a layer built inside the step): if its
         # program is not kept, every layer's attributes are put back as they were
         layers = [(lay, dict(vars(lay)), dict(lay.__dict__.get("_layers", {})))
-                  for lay in _layer_tree(self)]
+                  for lay in layer_tree(self)]
         try:
             self._step(fn, name, args, kwargs, True, compile_only=True)
         except ProgramNotKept:
@@ -334,19 +334,19 @@ class Model(Layer, metaclass=ModelMeta):
         runner = self._graph_runner
         run = runner.prepare if compile_only else runner.run
         try:
-            return run(_checked(fn, optimizers), name, args, kwargs, declared, self.training,
+            return run(checked_step(fn, optimizers), name, args, kwargs, declared, self.training,
                        static, provisional)
         finally:
             if provisional:
                 unused = runner.unused_provisional
-                for optimizer in _plain_optimizers(optimizers):
+                for optimizer in plain_optimizers(optimizers):
                     state_ahead.drop(optimizer, unused)
 
     @staticmethod
     def _settle_state_ahead(optimizers: List[Any]) -> None:
         """After a traced call that did not fail: the state made ahead for it is the
         optimizers' own now (see :mod:`.opt.state_ahead`)."""
-        for optimizer in _plain_optimizers(optimizers):
+        for optimizer in plain_optimizers(optimizers):
             state_ahead.settle(optimizer)
 
     def _make_state_ahead(self) -> List[Tensor]:
@@ -362,7 +362,7 @@ class Model(Layer, metaclass=ModelMeta):
             return []
         params = [p for p in self.get_params().values() if p.stores_grad]
         made: List[Tensor] = []
-        for optimizer in _plain_optimizers(optimizers):
+        for optimizer in plain_optimizers(optimizers):
             made += state_ahead.make(optimizer, params)
         return made
 
@@ -372,7 +372,7 @@ class Model(Layer, metaclass=ModelMeta):
         """The block in this model's training mode, undone if it raises (``arrays=False`` in
         graph mode, whose failed trace restores the state arrays itself; eagerly, the arrays
         ``declared`` holds)."""
-        undo = StepTransaction(declared, _with_wrapped(optimizers), self._uninitialised_layers(),
+        undo = StepTransaction(declared, with_wrapped(optimizers), self._uninitialised_layers(),
                                arrays=arrays)
         with modes.training_mode(self.training), undo:
             yield
@@ -382,7 +382,7 @@ class Model(Layer, metaclass=ModelMeta):
         are, nothing is walked again until the model's structure changes."""
         if self.__dict__.get("_initialised_at") == self._structure_version:
             return []
-        pending = [layer for layer in _layer_tree(self)
+        pending = [layer for layer in layer_tree(self)
                    if not layer.__dict__.get("_initialized", False)]
         if not pending:
             self.__dict__["_initialised_at"] = self._structure_version
@@ -433,7 +433,7 @@ class Model(Layer, metaclass=ModelMeta):
             # (the guard state, lr_value, ...) are declared too, so that the first trace takes
             # them as inputs (found by the trace instead, they would make it trace again)
             declared += tensors_in(optimizer.get_states())
-            for inner in _plain_optimizers([optimizer]):
+            for inner in plain_optimizers([optimizer]):
                 declared += inner._rebound_state()
         static = tuple(o._static_key() for o in optimizers)
         opt_versions = [(o, o.states_version) for o in optimizers]
@@ -475,7 +475,7 @@ class Model(Layer, metaclass=ModelMeta):
         ``jax.checkpoint`` and sharded inputs work over it; :meth:`load_functional` writes
         trained values back. The model must be initialised (called once, or compiled).
         """
-        return _functional(self)
+        return functional(self)
 
     def load_functional(self, params: Dict[str, Any], state: Optional[Dict[str, Any]] = None
                         ) -> None:
@@ -485,236 +485,3 @@ class Model(Layer, metaclass=ModelMeta):
         self.set_states({**params, **(state or {})})
 
 
-# --- compile()'s initialisation -------------------------------------------------------------------
-def _initialize(model: "Model", inputs: Sequence[Tensor]) -> None:
-    """Run ``forward`` on the placeholders to create every parameter, as SINGA's compile() does.
-
-    The forward is traced on shapes only (``jax.eval_shape``: no kernel of it is compiled or
-    run) while each layer it initialises computes its parameters concretely
-    (``modes.compile_time_eval``), drawing from the device keys in the same order as an eager
-    forward, so the values are the same for a seed. There, on every backend, fills are made by
-    NumPy, key splits and chunk keys by :mod:`.host_prng` and random chunks are cut to shape by
-    NumPy: the only XLA program is the shared random draw (one per kind and dtype, compiled by
-    a process's first compile()). A forward that needs its inputs' values, or that leaves a
-    traced value in the model, runs eagerly instead, from the same keys."""
-    devices = device_mod.all_devices()
-    keys = [d.key for d in devices]
-
-    def forward(*arrays):
-        xs = [Tensor(data=a, device=x.device, requires_grad=x.requires_grad,
-                     stores_grad=x.stores_grad, name=x.name) for a, x in zip(arrays, inputs)]
-        with concrete_initialization():
-            model.forward(*xs)
-
-    try:
-        jax.eval_shape(forward, *[x.array for x in inputs])
-        traced = [t for t in tensors_in(model) if isinstance(t.array, jax.core.Tracer)]
-        if not traced and not any(isinstance(d.key, jax.core.Tracer) for d in devices):
-            return
-    except Exception:  # noqa: BLE001 -- the eager forward below raises any real error clearly
-        pass
-    for d, k in zip(devices, keys):
-        d.key = k
-    for layer in _layer_tree(model):
-        layer.__dict__["_initialized"] = False
-    model.forward(*inputs)
-
-
-def _checked(fn: Callable, optimizers: Sequence[Any] = ()) -> Callable:
-    """``fn`` for graph mode, returning ``(result, checks, skip reports)``: the value checks its
-    ops make while traced (class labels, embedding indices; see :mod:`singa_jax._src.base.checks`) become
-    outputs of the program, and every state tensor and device key the step rewrites keeps its
-    old value unless all of them pass -- so a failing step applies nothing, and raises once it
-    has run. The skip reports are each of ``optimizers``' non-finite guard state after the
-    step, as outputs of their own (see ``Optimizer._expect_skip_report``; None when
-    unguarded)."""
-    def step(*args: Any, **kwargs: Any) -> Tuple[Any, Any, Any]:
-        devices = device_mod.all_devices()
-        with checks.collecting() as found:
-            before = [(d, d.key) for d in devices]
-            watched = _StateWatch()
-            with modes.trace_hook(watched.chain(modes.current_trace_hook())):
-                result = fn(*args, **kwargs)
-        reports = tuple(o._skip_report_output() for o in optimizers)
-        if not found:
-            return result, (), reports
-        ok = checks.all_passed(found)
-        for t, old in watched.first_values.items():
-            t.array = jax.numpy.where(ok, t.array, old)
-        for d, old in before:
-            if d.key is not old:  # only keys the step drew from (a gated key is state to it)
-                d.key = jax.numpy.where(ok, d.key, old)
-        return result, checks.outputs(found), reports
-    return step
-
-
-class _StateWatch(modes.TraceHook):
-    """Inside a traced step: the value each Tensor the step rewrites had before its first
-    write (Tensors the step creates excluded); every event also goes on to the outer hook."""
-
-    def chain(self, outer: Optional[modes.TraceHook]) -> "_StateWatch":
-        self.outer = outer or modes.TraceHook()
-        self.first_values: Dict[Tensor, Any] = {}
-        self.created_ids: set = set()
-        return self
-
-    def read(self, t: Tensor) -> None:
-        self.outer.read(t)
-
-    def write(self, t: Tensor) -> None:
-        if t not in self.first_values and id(t) not in self.created_ids:
-            self.first_values[t] = t._data  # called before the new value is bound
-        self.outer.write(t)
-
-    def created(self, t: Tensor) -> None:
-        self.created_ids.add(id(t))
-        self.outer.created(t)
-
-
-def _with_wrapped(optimizers: List[Any]) -> List[Any]:
-    """The optimizers and, for a DistOpt, the optimizer it wraps (which holds the slots)."""
-    return optimizers + [o.opt for o in optimizers if isinstance(getattr(o, "opt", None),
-                                                                 Optimizer)]
-
-
-def _plain_optimizers(optimizers: List[Any]) -> List[Any]:
-    """The :class:`~singa_jax.opt.Optimizer` objects among ``optimizers`` and those a DistOpt
-    wraps: the ones that hold their own state (slots, step counter, guard state)."""
-    return [o for o in _with_wrapped(optimizers) if isinstance(o, Optimizer)]
-
-
-def _layer_tree(root: Layer) -> List[Layer]:
-    """``root`` and every layer registered below it."""
-    found, stack, seen = [], [root], set()
-    while stack:
-        layer = stack.pop()
-        if id(layer) not in seen:
-            seen.add(id(layer))
-            found.append(layer)
-            stack.extend(layer.__dict__.get("_layers", {}).values())
-    return found
-
-
-# --- the model as a pure function ------------------------------------------------------------
-def _functional(model: Layer) -> Tuple[Callable[..., Tuple[Any, Dict[str, Any]]],
-                                       Dict[str, jax.Array], Dict[str, jax.Array]]:
-    """:meth:`Model.functional` for any initialised Layer."""
-    owner = f"{type(model).__name__}.functional"
-    if not model.__dict__.get("_initialized", False):
-        raise RuntimeError(f"{owner}: the model is not initialised yet (its parameters are "
-                           f"created by the first call); call it once or compile() it first")
-    param_tensors = model.get_params()
-    state_tensors = {k: t for k, t in model.get_states().items() if k not in param_tensors}
-    bound = {**param_tensors, **state_tensors}
-    home = next(iter(bound.values())).device if bound else device_mod.get_default_device()
-    lock = threading.RLock()  # calls of this apply from several threads take turns
-
-    def apply(params: Dict[str, Any], state: Dict[str, Any], *inputs: Any,
-              training: bool = False, key: Optional[jax.Array] = None
-              ) -> Tuple[Any, Dict[str, Any]]:
-        values = {**_checked_values(owner, "params", params, param_tensors),
-                  **_checked_values(owner, "state", state, state_tensors)}
-        with lock, modes.trace_hook(None), modes.training_mode(training), modes.no_grad():
-            version = model.structure_version
-            with _bound_arrays(bound, values), _bound_keys(key) as drew:
-                args = jax.tree_util.tree_map(lambda v: _as_input(v, home), inputs,
-                                              is_leaf=_is_tensor)
-                out = model.forward(*args)
-                outputs = jax.tree_util.tree_map(_as_output, out, is_leaf=_is_tensor)
-                new_state = {k: t.array for k, t in state_tensors.items()}
-            if model.structure_version != version:
-                _clear_traced_tensors(owner, model)
-        if drew[0] and key is None:
-            raise ValueError(f"{owner}: apply drew random numbers (dropout or another random "
-                             f"op, training={training}) but no key was given; pass "
-                             f"key=jax.random.key(...) (apply is pure, so it does not advance "
-                             f"the device's key)")
-        return outputs, new_state
-
-    params = {k: t.array for k, t in param_tensors.items()}
-    state = {k: t.array for k, t in state_tensors.items()}
-    return apply, params, state
-
-
-def _is_tensor(v: Any) -> bool:
-    return isinstance(v, Tensor)
-
-
-def _as_input(v: Any, device: Any) -> Any:
-    """An input leaf of ``apply`` as the model sees it: arrays become Tensors (no copy)."""
-    if isinstance(v, (jax.Array, jax.core.Tracer, np.ndarray)):
-        return Tensor(data=v, device=device, requires_grad=False)
-    return v
-
-
-def _as_output(v: Any) -> Any:
-    return v.array if isinstance(v, Tensor) else v
-
-
-def _checked_values(owner: str, what: str, values: Any, tensors: Dict[str, Tensor]
-                    ) -> Dict[str, Any]:
-    """``values`` must name exactly ``tensors`` with the same shapes (checked before binding)."""
-    if not isinstance(values, dict):
-        raise TypeError(f"{owner}: apply's {what} must be a dict {{name: array}}, got "
-                        f"{type(values).__name__}")
-    missing, unknown = sorted(set(tensors) - set(values)), sorted(set(values) - set(tensors))
-    if missing or unknown:
-        raise ValueError(f"{owner}: apply's {what} must have exactly the model's names; missing "
-                         f"{missing}, unknown {unknown}")
-    for name, v in values.items():
-        if tuple(jax.numpy.shape(v)) != tensors[name].shape:
-            raise ValueError(f"{owner}: apply's {what}[{name!r}] has shape "
-                             f"{tuple(jax.numpy.shape(v))}, expected {tensors[name].shape}")
-    return values
-
-
-@contextlib.contextmanager
-def _bound_arrays(tensors: Dict[str, Tensor], values: Dict[str, Any]) -> Iterator[None]:
-    """Bind each Tensor to its given value for the block; the original arrays come back however
-    it ends, so no tracer is ever left in the model (as graph mode's ``_restore``)."""
-    originals = {name: t.array for name, t in tensors.items()}
-    try:
-        for name, t in tensors.items():
-            t.array = values[name]
-        yield
-    finally:
-        for name, t in tensors.items():
-            t.array = originals[name]
-
-
-@contextlib.contextmanager
-def _bound_keys(key: Optional[jax.Array]) -> Iterator[List[bool]]:
-    """Every Device draws from ``key`` (folded with the device's index) in this thread for the
-    block, without touching the devices' own keys (graph mode's per-thread keys, see
-    ``modes.traced_keys``). With ``key=None`` the devices' current keys are lent and not
-    advanced. Yields a list that receives, on exit, whether anything was drawn."""
-    devices = device_mod.all_devices()
-    keys = modes.traced_keys(create=True)
-    saved = {d: keys[d] for d in devices if d in keys}
-    start = {}
-    for i, d in enumerate(devices):
-        current = d.key
-        start[d] = current if key is None else (jax.random.fold_in(key, i) if i else key)
-        keys[d] = (start[d], current)
-    drew: List[bool] = []
-    try:
-        yield drew
-    finally:
-        drew.append(any(keys[d][0] is not start[d] for d in devices if d in keys))
-        for d in devices:
-            if d in saved:
-                keys[d] = saved[d]
-            else:
-                keys.pop(d, None)
-
-
-def _clear_traced_tensors(owner: str, model: Layer) -> None:
-    """A call that changed the model's structure may have stored Tensors created from the
-    given values (tracers under a JAX transformation): reset those to zeros and say so."""
-    leaked = [t for t in tensors_in(model) if isinstance(t._data, jax.core.Tracer)]
-    if leaked:
-        for t in leaked:
-            t.array = jax.numpy.zeros(t.shape, t.dtype)
-        raise RuntimeError(f"{owner}: apply stored traced values in {[t.name for t in leaked]} "
-                           f"(a layer initialised or kept a Tensor during the call); call the "
-                           f"model once (or compile it) before functional()")

@@ -9,8 +9,6 @@ and keyed is described in the package docstring (:mod:`singa_jax.opt`).
 from __future__ import annotations
 
 import operator
-import sys
-import warnings
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -28,45 +26,22 @@ from singa_jax._src.optim.schedules import (HYPER_SPECS, DecayScheduler, as_sche
                                             eval_schedules)
 
 
-from singa_jax._src.optim.update import (UpdateRule, adagrad_rule, adam_rule,
-                                         advance_unless_skipped, fused_update, rmsprop_rule,
-                                         sgd_rule, SEPARATE_TEST_FROM, finite_test)
+from singa_jax._src.optim.update import (UpdateRule, advance_unless_skipped, fused_update, SEPARATE_TEST_FROM, finite_test)
 from singa_jax._src.optim.replayed_update import (record_update, recording_device,
                                                   step_recording_device)
-from singa_jax._src.eager.replay import Deferred
+from singa_jax._src.optim.guard import (SKIP_FIELDS, SkipReports)
+from singa_jax._src.optim.update_layout import UpdateLayout, aval_of, device_of
 from singa_jax._src.base.dtypes import float32, to_dtype
-
-
-class NonFiniteStepWarning(RuntimeWarning):
-    """An optimizer skipped a step whose gradients (or loss) held NaN or inf."""
 
 
 # --------------------------------------------------------------------------------------------
 # Optimizer base
 # --------------------------------------------------------------------------------------------
 _KEY_SEP = "/"  # get_states() key of a slot: "<slot kind>/<param key>", e.g. "moments/W"
-# The non-finite guard's state: one float32 Tensor ``_skip_state`` of these three fields (one
-# Tensor, so a compiled step carries one more small array, not three): how many updates were
-# skipped, 1 while an update since the last step() was skipped (step() then keeps the counter),
-# and the step_counter value of the last skipped update (for the warning). Float32 counts are
-# exact up to 2**24 skipped steps.
-_SKIP_FIELDS = ("skipped", "pending", "last_skipped_step")
 # float16 loss scaling's state: one float32 Tensor ``_loss_scale`` of these two fields, made at
 # the first update under ``autograd.autocast('float16')``: the scale, and the count of clean
 # (finite) updates since the scale last changed.
 _SCALE_FIELDS = ("scale", "clean_steps")
-# graph mode's guard reports kept until read (see Optimizer._expect_skip_report): a host that runs
-# this many steps ahead of the device drops the oldest
-_PENDING_REPORTS = 4
-
-
-def _caller_outside_singa_jax() -> int:
-    """The ``stacklevel`` that makes a warning issued by this function's caller point at the
-    first frame outside singa_jax (the user's call, however deep the library's path to it)."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("singa_jax"):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _backend_started() -> bool:
@@ -84,60 +59,7 @@ def param_name(p: Tensor) -> Any:
     return p.name if p.name is not None else id(p)
 
 
-_param_of, _grad_of, _name_of = (operator.itemgetter(i) for i in (1, 2, 0))
-_aval_of = operator.attrgetter("_data.aval")
-_device_of = operator.attrgetter("device")
-
-
-class _UpdateLayout:
-    """What an update's checks and slot lookup depend on, read in C-level passes over its
-    ``(name, param, grad)`` triples: the params (by identity), their names, avals and devices,
-    the grads' avals (the params' own: the usual pairs), the slot kinds and the optimizer's
-    states version. An update whose layout equals the last checked one's takes that one's slot
-    Tensors with its checks skipped, since nothing they read has changed -- a param's or
-    grad's shape or dtype, a name, a device, a slot made or replaced (the version), or a slot
-    holding an array of another aval or device (:meth:`Optimizer._remembered_slots` reads those
-    each time): an eager loop's every update after its first. Only for a class that keeps
-    Optimizer's own checks and slots."""
-
-    __slots__ = ("key", "params", "slot_tensors", "flat_slots", "slot_avals", "slot_devices")
-
-    @classmethod
-    def of(cls, optimizer: "Optimizer", triples: Sequence[Tuple[Any, Tensor, Tensor]],
-           kinds: Sequence[str]) -> Optional["_UpdateLayout"]:
-        """The layout of an update of ``triples``, or None where it is not remembered (pairs
-        that are not two Tensors of one aval, a class with checks or slots of its own)."""
-        kind = type(optimizer)
-        if kind._check_pair is not Optimizer._check_pair or \
-                kind._get_slot is not Optimizer._get_slot or \
-                kind._slot_key is not Optimizer._slot_key:
-            return None
-        params, grads = list(map(_param_of, triples)), list(map(_grad_of, triples))
-        types = set(map(type, params))
-        types.update(map(type, grads))
-        if types != {Tensor}:
-            return None
-        avals = list(map(_aval_of, params))
-        if list(map(_aval_of, grads)) != avals:
-            return None
-        layout = object.__new__(cls)
-        layout.key = (list(map(id, params)), list(map(_name_of, triples)), avals,
-                      list(map(_device_of, params)), tuple(kinds), optimizer.states_version)
-        layout.params = params  # (held, so that their ids stay theirs)
-        return layout
-
-    def remember(self, optimizer: "Optimizer", slot_tensors: List[List[Tensor]]) -> None:
-        """Keep this layout, checked, with its slot Tensors as ``optimizer``'s last."""
-        self.key = self.key[:-1] + (optimizer.states_version,)  # (after slots were made)
-        self.slot_tensors = slot_tensors
-        self.flat_slots = [t for slots in slot_tensors for t in slots]
-        self.slot_avals = list(map(_aval_of, self.flat_slots))
-        self.slot_devices = list(map(_device_of, self.flat_slots))
-        # (not an attribute assignment, which would bump the states version)
-        optimizer.__dict__["_update_layout"] = self
-
-
-class Optimizer:
+class Optimizer(SkipReports):
     """Base optimizer (SINGA's): a learning rate schedule, a step counter and per-param slots.
 
     Args:
@@ -223,7 +145,7 @@ class Optimizer:
         self.__dict__["_lazy_state"] = []
         if "step_counter" in lazy:
             self.step_counter = state_tensor(jnp.zeros((1,), jnp.float32), None)
-            self._skip_state = state_tensor(jnp.zeros((len(_SKIP_FIELDS),), jnp.float32),
+            self._skip_state = state_tensor(jnp.zeros((len(SKIP_FIELDS),), jnp.float32),
                                              self.step_counter.device)
         for name in lazy:
             if name not in ("step_counter", "_skip_state"):
@@ -568,6 +490,13 @@ class Optimizer:
             n += 1
             key = f"{base}~{n}"
 
+    @classmethod
+    def _own_checks_and_slots(cls) -> bool:
+        """Whether the class keeps Optimizer's own pair checks and slots (then an update whose
+        layout is the last one's skips them: see :class:`~.update_layout.UpdateLayout`)."""
+        return cls._check_pair is Optimizer._check_pair and cls._get_slot is Optimizer._get_slot \
+            and cls._slot_key is Optimizer._slot_key
+
     def _check_pair(self, name: Any, p: Tensor, g: Tensor) -> None:
         owner = type(self).__name__
         if not isinstance(p, Tensor) or not isinstance(g, Tensor):
@@ -600,7 +529,7 @@ class Optimizer:
             replay.flush()  # the arrays are read directly below: nothing may be pending
         self._warn_skipped_steps()
         kinds = self._active_slot_kinds()
-        layout = _UpdateLayout.of(self, triples, kinds)
+        layout = UpdateLayout.of(self, triples, kinds) if self._own_checks_and_slots() else None
         slot_tensors = self._remembered_slots(layout)
         if slot_tensors is None:
             slot_tensors = self._validated_slots(triples, kinds)
@@ -666,98 +595,6 @@ class Optimizer:
         fused kernel only)."""
         return (bool(self.skip_nonfinite) or self._scaling()) and self._uses_fused_update()
 
-    def _report_skipped_steps(self) -> None:
-        """Warn about updates skipped since the last report, without ever waiting for a device.
-
-        The guard's state array written by a step is kept and read only once the program
-        that wrote it has finished (``is_ready``), so the report comes a step or a few late but
-        costs no host sync. Eager updates do this themselves; graph mode (whose compiled step
-        runs no optimizer code) calls this after each step. Does nothing while a step is traced.
-        """
-        self._warn_skipped_steps()
-        self._watch_skipped_steps()
-
-    def _warn_skipped_steps(self) -> None:
-        """The reading half of :meth:`_report_skipped_steps`: warn if the kept array is ready
-        and counts new skips, then drop it."""
-        if current_trace_hook() is not None:
-            return
-        watched = self.__dict__.get("_skip_watch")
-        if type(watched) is Deferred:  # a recorded update's: ready once its segment ran
-            watched = watched.value
-        if watched is not None and watched.is_ready():
-            self._warn_skip_count(np.asarray(watched).tolist())
-            self.__dict__["_skip_watch"] = None
-
-    def _watch_skipped_steps(self) -> None:
-        """Keep the current guard state array for :meth:`_report_skipped_steps`, unless an
-        earlier one is still waiting to be read."""
-        if self.__dict__.get("_skip_watch") is not None or current_trace_hook() is not None \
-                or "_skip_state" not in self.__dict__ or self._scaling():
-            return  # (a loss-scaled update's skips are not warned about: see the class doc)
-        # (a recorded update's pending value is kept as it is: reading it would run its segment)
-        array = self._skip_state._data
-        # only concrete arrays are kept: inside a user's jax.jit they are tracers
-        if not isinstance(array, jax.core.Tracer):
-            self.__dict__["_skip_watch"] = array
-
-    # graph mode: the compiled step returns a copy of the guard's state (its own small buffer,
-    # never donated), whose host copy starts at once; the next call reads it if it has arrived
-    def _skip_report_output(self) -> Optional[jax.Array]:
-        """Inside a traced step, after the update: the guard's state as an extra output of the
-        program (None when nothing is guarded, or loss-scaled: see the class doc)."""
-        if "_skip_state" not in self.__dict__ or not self._guarded() or self._scaling():
-            return None
-        return self._skip_state.array + 0.0  # a program output of its own, not the state's
-
-    def _expect_skip_report(self, report: Optional[jax.Array]) -> None:
-        """After a compiled step: start copying its guard state to the host (asynchronously)
-        and keep it for :meth:`_read_skip_reports`."""
-        if report is None:
-            return
-        report.copy_to_host_async()
-        pending = self.__dict__.setdefault("_skip_reports", [])
-        pending.append(report)
-        del pending[:-_PENDING_REPORTS]  # the newest suffice: the counts are cumulative
-
-    def _before_compiled_step(self) -> None:
-        """Graph mode, before a step: report what has arrived, and let go of an eager update's
-        kept guard state (held across the step, its buffer would be copied, not donated)."""
-        self._read_skip_reports()
-        self._warn_skipped_steps()
-        self.__dict__["_skip_watch"] = None
-
-    def _read_skip_reports(self) -> None:
-        """Before a compiled step: warn about skips counted by the newest finished step's
-        report (its host copy is there: no wait), then drop it and every older one."""
-        pending = self.__dict__.get("_skip_reports")
-        if not pending:
-            return
-        for i in range(len(pending) - 1, -1, -1):
-            if pending[i].is_ready():
-                self._warn_skip_count(np.asarray(pending[i]).tolist())
-                del pending[:i + 1]
-                return
-
-    def _warn_skip_count(self, values: Sequence[float]) -> None:
-        """Warn if the guard state ``values`` (fields ``_SKIP_FIELDS``) counts skips not yet
-        reported, at the user's line that made the call."""
-        fields = dict(zip(_SKIP_FIELDS, values))
-        count = int(fields["skipped"])
-        reported = self.__dict__.get("_skips_reported", 0)
-        if count > reported:
-            at = fields["last_skipped_step"]
-            new = count - reported
-            warnings.warn(
-                f"{type(self).__name__}: skipped the update at step {at:g} (step_counter) "
-                f"because its gradients or loss held NaN or inf"
-                + (f", and {new - 1} earlier update(s) since the last report" if new > 1
-                   else "")
-                + f"; parameters and optimizer state were left unchanged ({count} skipped "
-                f"in all, see skipped_steps; skip_nonfinite=False restores SINGA's "
-                f"behaviour)", NonFiniteStepWarning, stacklevel=_caller_outside_singa_jax())
-        self.__dict__["_skips_reported"] = count  # a reset counter restarts the tally
-
     def _rebound_state(self) -> List[Tensor]:
         """The Tensors besides :meth:`get_states` that an update or :meth:`step` rebinds (the
         guard state, the ``*_value`` tensors of the hyper-parameters): graph mode declares
@@ -783,15 +620,15 @@ class Optimizer:
         return [[self._get_slot(kind, key, p) for kind in kinds]
                 for key, (_, p, _) in zip(keys, triples)]
 
-    def _remembered_slots(self, layout: Optional["_UpdateLayout"]
+    def _remembered_slots(self, layout: Optional["UpdateLayout"]
                           ) -> Optional[List[List[Tensor]]]:
         """The slot Tensors of the last update validated with ``layout`` when this one has it
         too and its slots still hold arrays of the same avals on the same devices (see
-        :class:`_UpdateLayout`), else None."""
+        :class:`UpdateLayout`), else None."""
         last = self.__dict__.get("_update_layout")
         if layout is None or last is None or last.key != layout.key or \
-                list(map(_aval_of, last.flat_slots)) != last.slot_avals or \
-                list(map(_device_of, last.flat_slots)) != last.slot_devices:
+                list(map(aval_of, last.flat_slots)) != last.slot_avals or \
+                list(map(device_of, last.flat_slots)) != last.slot_devices:
             return None
         return last.slot_tensors
 
@@ -806,93 +643,3 @@ class Optimizer:
         return t
 
 
-# --------------------------------------------------------------------------------------------
-# The optimizers
-# --------------------------------------------------------------------------------------------
-class SGD(Optimizer):
-    """Stochastic gradient descent with optional momentum (SINGA's form).
-
-    With ``g`` the gradient plus ``weight_decay * p``::
-
-        buf = momentum * buf + (1 - dampening) * g       (buf starts at 0)
-        g   = g + momentum * buf   if nesterov   else   buf
-        p   = p - lr * g
-
-    Without momentum (``momentum`` whose initial value is 0): ``p = p - lr * g``. Unlike PyTorch,
-    the first step also dampens (``buf = (1 - dampening) * g``, not ``buf = g``).
-    """
-
-    _rule = staticmethod(sgd_rule)
-    _slot_kinds = ("moments",)
-
-    def __init__(self, lr: Any = 0.1, momentum: Any = 0, dampening: Any = 0,
-                 weight_decay: Any = 0, nesterov: bool = False, dtype: Any = float32):
-        super().__init__(lr, dtype)
-        self._init_hypers(momentum=momentum, dampening=dampening, weight_decay=weight_decay)
-        self.nesterov = bool(nesterov)
-        if self.nesterov and (self.momentum.init_value <= 0 or self.dampening.init_value != 0):
-            raise ValueError(f"SGD: Nesterov momentum requires a momentum > 0 and zero dampening, "
-                             f"got momentum={momentum!r}, dampening={dampening!r}")
-        self.moments = self._slot_dict("moments")
-
-    def _config(self) -> Tuple:
-        return (self._momentum_on(), self.nesterov)
-
-    def _momentum_on(self) -> bool:
-        return self.momentum.init_value != 0  # SINGA's switch: the initial momentum
-
-    def _active_slot_kinds(self) -> Tuple[str, ...]:
-        return self._slot_kinds if self._momentum_on() else ()
-
-
-class RMSProp(Optimizer):
-    """RMSProp (SINGA's form; epsilon inside the square root)::
-
-        r = rho * r + (1 - rho) * g^2
-        p = p - lr * g / sqrt(r + epsilon)
-    """
-
-    _rule = staticmethod(rmsprop_rule)
-    _slot_kinds = ("running_average",)
-
-    def __init__(self, lr: Any = 0.1, rho: Any = 0.9, epsilon: Any = 1e-8, weight_decay: Any = 0):
-        super().__init__(lr)
-        self._init_hypers(weight_decay=weight_decay, rho=rho, epsilon=epsilon)
-        self.running_average = self._slot_dict("running_average")
-
-
-class AdaGrad(Optimizer):
-    """AdaGrad (SINGA's form; epsilon inside the square root)::
-
-        s = s + g^2
-        p = p - lr * g / sqrt(s + epsilon)
-    """
-
-    _rule = staticmethod(adagrad_rule)
-    _slot_kinds = ("history",)
-
-    def __init__(self, lr: Any = 0.1, epsilon: Any = 1e-8, weight_decay: Any = 0):
-        super().__init__(lr)
-        self._init_hypers(weight_decay=weight_decay, epsilon=epsilon)
-        self.history = self._slot_dict("history")
-
-
-class Adam(Optimizer):
-    """Adam (bias-corrected; the same rule as PyTorch's ``Adam`` with L2 weight decay)::
-
-        m = beta_1 * m + (1 - beta_1) * g
-        v = beta_2 * v + (1 - beta_2) * g^2
-        t = step_counter + 1
-        p = p - lr * (m / (1 - beta_1^t)) / (sqrt(v / (1 - beta_2^t)) + epsilon)
-    """
-
-    _rule = staticmethod(adam_rule)
-    _slot_kinds = ("m", "v")
-
-    def __init__(self, lr: Any = 0.1, beta_1: Any = 0.9, beta_2: Any = 0.999,
-                 epsilon: Any = 1e-8, weight_decay: Any = 0):
-        super().__init__(lr)
-        self._init_hypers(weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2,
-                          epsilon=epsilon)
-        self.m = self._slot_dict("m")
-        self.v = self._slot_dict("v")
