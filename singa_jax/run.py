@@ -57,7 +57,9 @@ class SingaAliasFinder(importlib.abc.MetaPathFinder):
         if fullname != ALIAS and not fullname.startswith(ALIAS + "."):
             return None
         real = TARGET + fullname[len(ALIAS):]
-        if importlib.util.find_spec(real) is None:
+        # only singa_jax's public modules: never its implementation (singa_jax._src)
+        if any(part.startswith("_") for part in fullname.split(".")[1:]) or \
+                importlib.util.find_spec(real) is None:
             raise ModuleNotFoundError(
                 f"SINGA's module {fullname!r} is not provided by singa_jax (looked for "
                 f"{real!r}); see docs/porting.md for what is covered", name=fullname)

@@ -1,6 +1,7 @@
 """``python -m singa_jax.run``: SINGA-style scripts written here run unmodified, with ``singa``
 resolving to singa_jax for that run only; ``install_as_singa()`` does the same in-process."""
 import json
+import importlib
 import os
 import subprocess
 import sys
@@ -198,6 +199,10 @@ def test_install_as_singa_in_process(monkeypatch):
         assert singa.autograd is autograd and singa_wrap.CTensor is not None
         assert tensor.__spec__.name == "singa_jax.tensor"  # the real modules keep their specs
         assert os.environ[run.CUDA_FALLBACK_ENV] == "1"
+        import singa_jax._src.base  # noqa: F401  (importable as itself)
+        for private in ("singa._src", "singa._src.base", "singa.tensor._private"):
+            with pytest.raises(ModuleNotFoundError, match="not provided by singa_jax"):
+                importlib.import_module(private)  # SINGA's names map to public modules only
     finally:
         run.uninstall_singa_alias()
     assert "singa" not in sys.modules and "singa.tensor" not in sys.modules

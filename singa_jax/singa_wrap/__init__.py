@@ -12,7 +12,7 @@ from singa_jax._src.runtime.ctensor import (
     CTensor as CTensor, Tensor as Tensor, VecTensor as VecTensor, as_array as as_array,
     kFloat32 as kFloat32, kFloat16 as kFloat16, kInt as kInt, kChar as kChar, kDouble as kDouble,
     kUChar as kUChar, kLong as kLong, SizeOf as SizeOf, Product as Product)
-from singa_jax._src.swig.functions import (
+from singa_jax._src.swig.tensor_math import (
     Abs as Abs, Ceil as Ceil, Floor as Floor, Round as Round, RoundE as RoundE, Exp as Exp,
     Erf as Erf, Log as Log, ReLU as ReLU, Sigmoid as Sigmoid, Sign as Sign, Sqrt as Sqrt,
     Square as Square, Cos as Cos, Cosh as Cosh, Acos as Acos, Acosh as Acosh, Sin as Sin,
@@ -63,7 +63,7 @@ from singa_jax._src.swig.platform import (
 from singa_jax._src.runtime.device import Device as Device
 from singa_jax._src.swig.io import Snapshot as Snapshot
 # SWIG's names for the C++ operators of Tensor (``singa_wrap.__add__(a, b)``)
-from singa_jax._src.swig.functions import (
+from singa_jax._src.swig.tensor_math import (
     __add__ as __add__, __div__ as __div__, __eq__ as __eq__, __ge__ as __ge__, __gt__ as __gt__,
     __le__ as __le__, __lt__ as __lt__, __mul__ as __mul__, __sub__ as __sub__)
 from singa_jax._src.base.public import publish as _publish

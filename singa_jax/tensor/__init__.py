@@ -27,21 +27,12 @@ from singa_jax._src.base.dtypes import (
     float16 as float16, float32 as float32, float64 as float64, bfloat16 as bfloat16, int8 as int8,
     int16 as int16, int32 as int32, int64 as int64, uint8 as uint8, bool_ as bool_,
     to_dtype as to_dtype, singa_dtype_code as singa_dtype_code, sizeof as sizeof)
-from singa_jax._src.tensor.functions import (
-    from_raw_tensor as from_raw_tensor, from_raw_tensors as from_raw_tensors,
-    from_numpy as from_numpy, tensor as tensor, from_jax as from_jax, from_dlpack as from_dlpack,
-    to_numpy as to_numpy, to_host as to_host, copy_from_numpy as copy_from_numpy, zeros as zeros,
-    ones as ones, random as random, zeros_like as zeros_like, ones_like as ones_like,
-    product as product, contiguous as contiguous, reshape as reshape, transpose as transpose,
-    repeat as repeat, sum as sum, average as average, softmax as softmax, pow as pow, add as add,
-    sub as sub, eltwise_mult as eltwise_mult, div as div, lt as lt, le as le, gt as gt, ge as ge,
-    eq as eq, abs as abs, exp as exp, ceil as ceil, log as log, sigmoid as sigmoid, sign as sign,
-    sqrt as sqrt, square as square, tanh as tanh, einsum as einsum, tensordot as tensordot,
-    concatenate as concatenate, axpy as axpy, bernoulli as bernoulli, gaussian as gaussian,
-    uniform as uniform, add_column as add_column, add_row as add_row, sum_columns as sum_columns,
-    sum_rows as sum_rows)
+from singa_jax._src.tensor.creation import (from_raw_tensor as from_raw_tensor, from_raw_tensors as from_raw_tensors, from_numpy as from_numpy, tensor as tensor, from_jax as from_jax, from_dlpack as from_dlpack, to_numpy as to_numpy, to_host as to_host, copy_from_numpy as copy_from_numpy, zeros as zeros, ones as ones, random as random, zeros_like as zeros_like, ones_like as ones_like)
+from singa_jax._src.tensor.math import (product as product, contiguous as contiguous, reshape as reshape, transpose as transpose, repeat as repeat, sum as sum, average as average, softmax as softmax, pow as pow, add as add, sub as sub, eltwise_mult as eltwise_mult, div as div, lt as lt, le as le, gt as gt, ge as ge, eq as eq, abs as abs, exp as exp, ceil as ceil, log as log, sigmoid as sigmoid, sign as sign, sqrt as sqrt, square as square, tanh as tanh, einsum as einsum, tensordot as tensordot, concatenate as concatenate, axpy as axpy, bernoulli as bernoulli, gaussian as gaussian, uniform as uniform, add_column as add_column, add_row as add_row, sum_columns as sum_columns, sum_rows as sum_rows)
 from singa_jax._src.tensor.operands import copy_data_to_from as copy_data_to_from, mult as mult
 from singa_jax._src.runtime.device import get_default_device as get_default_device
+# SINGA's private helper, which its own tests call
+from singa_jax._src.tensor.creation import _call_singa_func as _call_singa_func  # noqa: F401
 from singa_jax._src.base.public import publish as _publish
 
 __all__ = [

@@ -51,7 +51,7 @@ from singa_jax._src.dist.dist import spmd_of
 from singa_jax._src.dist.spmd import bring_state_home, state_entered_mesh
 from singa_jax._src.graph.transaction import StepTransaction
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.tensor.functions import from_numpy
+from singa_jax._src.tensor.creation import (from_numpy)
 from singa_jax._src.optim.optimizers import Optimizer
 from singa_jax._src.dist.dist import DistOpt
 
