@@ -1,17 +1,17 @@
 """singa_jax: Apache SINGA's Python API on JAX (CPU, GPU and TPU through XLA).
 
+``from singa_jax import tensor, device, autograd, layer, model, opt`` as SINGA's
+``from singa import ...``; ``python -m singa_jax.run script.py`` runs an unmodified SINGA
+program, and :func:`install_as_singa` makes ``import singa`` resolve here in this process.
+
 Importing singa_jax turns on JAX's persistent compilation cache in a user cache folder
 (``$XDG_CACHE_HOME/singa_jax/xla``, by default ``~/.cache/singa_jax/xla``), so a second run of
-the same program loads its compiled steps instead of compiling them again (see
-docs/performance.md). ``SINGA_JAX_COMPILATION_CACHE=0`` turns this off, any other value names the
-folder; a cache folder already chosen for JAX (``JAX_COMPILATION_CACHE_DIR``) is left alone. In
-the folder singa_jax chooses, every program is cached, however quickly it compiled (JAX's
-default keeps only those that took 1 s; ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` still
-rules when set). Only JAX's configuration is touched: no backend is started at import.
-
-Importing singa_jax also registers an exit hook that waits for work still computing on any
-started backend before JAX shuts down (see ``singa_jax._src.backend.shutdown``): a run that ends while its
-last step computes would otherwise sometimes die with SIGSEGV at exit.
+the same program loads its compiled steps instead of compiling them again;
+``SINGA_JAX_COMPILATION_CACHE=0`` turns this off, any other value names the folder, and a cache
+folder already chosen for JAX (``JAX_COMPILATION_CACHE_DIR``) is left alone. It also registers
+an exit hook that waits for work still computing on any started backend before JAX shuts down
+(a run ending while its last step computes would otherwise sometimes die with SIGSEGV at
+exit). Only JAX's configuration is touched: no backend is started at import.
 """
 import typing as _typing
 

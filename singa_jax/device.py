@@ -4,8 +4,8 @@ A :class:`Device` is one ``jax.Device`` plus the PRNG key that every random fill
 mask on that device draws from. Devices come from ``jax.local_devices()`` -- this process's own
 devices, so that under several processes (``opt.DistOpt``) every rank creates its Tensors on its
 own devices -- and the same program runs on CPU, GPU or TPU. SINGA's graph-buffering switches
-(``EnableGraph``, ``RunGraph``, ...) are accepted; whole-step compilation is done by
-:mod:`singa_jax._src.graph.runner` instead.
+(``EnableGraph``, ``RunGraph``, ...) are accepted; whole-step compilation is a
+:class:`~singa_jax.model.Model`'s graph mode instead.
 
 SINGA's ``create_cuda_gpu*()`` give the accelerators JAX has (GPUs or TPU chips). On a host
 without any they fall back to the host's devices with one warning, so SINGA programs run

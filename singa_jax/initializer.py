@@ -2,9 +2,8 @@
 
 Every function rebinds ``t.data`` to a new array of the same shape and dtype on ``t``'s device.
 Random fills draw from ``t.device.next_key()``, so ``device.SetRandSeed`` makes them reproducible
-(and graph mode can thread the key). The fan-based family is made by ``_fan_initializer``, one
-line per initializer: for a weight with fans ``(fan_in, fan_out)`` and ``n`` the fan chosen by
-the initializer,
+(and graph mode can thread the key). For the fan-based family, with a weight's fans
+``(fan_in, fan_out)`` and ``n`` the fan chosen by the initializer,
 
 * ``normal``:  ``N(0, sqrt(scale / n))``
 * ``uniform``: ``U(-sqrt(3 * scale / n), +sqrt(3 * scale / n))``

@@ -23,8 +23,11 @@ Usage is SINGA's::
     out, loss = m(x, y)          # training: train_one_batch, one compiled XLA program per step
     m.eval(); out = m(x)          # evaluation: forward, compiled too
 
-With ``use_graph=True`` (:meth:`compile` or :meth:`graph`) :mod:`singa_jax._src.graph.runner` compiles a call
-into one ``jax.jit`` program; otherwise every operator runs eagerly. Both give the same numbers.
+With ``use_graph=True`` (:meth:`Model.compile` or :meth:`Model.graph`) a call is compiled into
+one ``jax.jit`` program; otherwise every operator runs eagerly. Both give the same numbers.
+:class:`GraphModeError` is what graph mode raises for a step that branches on a tensor's value;
+:class:`tiered_compilation` chooses whether a step's first call runs a quickly compiled
+program while the optimised one compiles.
 """
 from singa_jax._src.model.model import ModelMeta as ModelMeta, Model as Model
 from singa_jax._src.graph.runner import GraphModeError as GraphModeError

@@ -3,7 +3,7 @@ snapshot format.
 
 SINGA marks this module deprecated in favour of ``Model.save_states``/``load_states``; it is
 here so that snapshots written by older SINGA programs load, and so that those programs run.
-The byte layout is described in :mod:`singa_jax._src.swig.io`.
+The byte layout is SINGA's: see docs/porting.md.
 
 Example::
 

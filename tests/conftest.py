@@ -8,7 +8,7 @@ import pytest
 
 # The tests check what programs compute, never how fast they run, and most programs here run a
 # few times: compile each for compile time (JAX's jax_disable_most_optimizations, which singa_jax
-# extends with no XLA:CPU library fusions; see singa_jax._src.backend.xla_options). Set before JAX is imported,
+# extends with no XLA:CPU library fusions; see backend.xla_options). Set before JAX is imported,
 # so processes the tests start inherit it; JAX_DISABLE_MOST_OPTIMIZATIONS=0 tests the optimised
 # programs instead.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")

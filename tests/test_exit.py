@@ -1,5 +1,5 @@
 """Every exit is clean: a run that ends (returns, ``sys.exit``, raises, is interrupted) while
-its last steps still compute waits for them before JAX shuts down (singa_jax._src.backend.shutdown), and
+its last steps still compute waits for them before JAX shuts down (backend.shutdown), and
 never dies with SIGSEGV at exit."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""Eager replay (singa_jax._src.eager.replay): a recurring eager sequence runs as one compiled program with
+"""Eager replay : a recurring eager sequence runs as one compiled program with
 eager semantics intact. Every check compares against op-by-op execution
 (``autograd.eager_replay(False)``) of the same program from the same seed: float32 on the CPU,
 where the fused program and the single kernels give the same results up to XLA's fusion

@@ -1,5 +1,5 @@
 """Eager replay of a whole training step: the forward, the fused backward walk and the optimizer's
-update recorded into one segment, run as ONE program once the step recurs (singa_jax._src.eager.replay,
+update recorded into one segment, run as ONE program once the step recurs (eager replay,
 the fused walk, the replayed update). Every check compares against op-by-op
 execution (``autograd.eager_replay(False)``) from the same seed: float32 on the CPU, equal up
 to XLA's fusion rounding (1e-6; on a GPU's TF32 up to two programs' own roundings:

@@ -1,12 +1,12 @@
 """SINGA's ``data`` module, and a device-side input pipeline.
 
 * :class:`ImageBatchIter` -- SINGA's loader of an image list file, prefetching mini-batches of
-  host arrays on a background worker (:mod:`.image_batch_iter`).
+  host arrays on a background worker.
 * :class:`DeviceLoader` -- batches of a dataset (NumPy arrays, or an iterable of host batches
   such as an ``ImageBatchIter``) made on a background thread, put on the device (or split over
   several devices) and transformed there -- augmentation, resizing, casting as ONE jitted
-  function -- ``prefetch`` batches ahead of the training loop (:mod:`.loader`).
-* The device-side transform pieces (:mod:`.transforms`): :func:`random_shift`,
+  function -- ``prefetch`` batches ahead of the training loop.
+* The device-side transform pieces: :func:`random_shift`,
   :func:`random_crop`, :func:`random_flip`, :func:`resize` (``jax.image.resize``),
   :func:`cast`, :func:`normalize`, :func:`flatten`, chained by :func:`compose`; every random
   piece draws from the key :func:`batch_key` ``(seed, epoch, step)``.

@@ -1,8 +1,8 @@
 """SINGA's ``layer`` module on JAX: ``from singa_jax import layer; layer.Linear(10)``.
 
-:mod:`.base` holds the Layer machinery (lazy initialisation, names, params/states); the layers
-are grouped by family in :mod:`.core` (dense and parameter-free), :mod:`.conv` (convolution,
-batch-norm, pooling) and :mod:`.rnn` (recurrent).
+:class:`Layer` initialises its parameters on its first call, from the input's shape, and
+names them and its sublayers after its attributes; the layers are SINGA's dense and
+parameter-free layers, convolution, batch normalisation, pooling and the recurrent layers.
 """
 from singa_jax._src.layers.base import Layer as Layer, LayerMeta as LayerMeta
 from singa_jax._src.layers.core import (

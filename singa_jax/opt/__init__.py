@@ -20,8 +20,8 @@ Everything the optimizer remembers is a plain :class:`~singa_jax.tensor.Tensor`:
 
 State only ever changes by rebinding ``tensor.data``, so graph mode can run the same code on
 tracers inside one ``jax.jit`` and the schedule keeps advancing. One step updates all
-parameters with ONE jitted kernel (:func:`_fused_update`) over the lists of
-params/grads/slots; :meth:`Optimizer.update` runs the same kernel on a single parameter.
+parameters with ONE jitted kernel over the lists of params/grads/slots;
+:meth:`Optimizer.update` runs the same kernel on a single parameter.
 
 Slot keys and name clashes: SINGA keys slots by ``param.name``. Here the first parameter seen
 with a name owns that key; a *different* live parameter with the same name gets ``name~1``,
@@ -29,12 +29,9 @@ with a name owns that key; a *different* live parameter with the same name gets 
 restore onto a freshly built model). A key whose owner has been garbage-collected passes to
 the next parameter of that name.
 
-See docs/optimizers.md for the update rules and how they differ from PyTorch's.
-
-The package is split by topic: :mod:`~singa_jax._src.optim.schedules` (decay schedules),
-:mod:`~singa_jax._src.optim.optimizers` (the optimizers), :mod:`~singa_jax._src.optim.update` (their update
-rules and the fused update kernel) and :mod:`~singa_jax._src.dist.dist` (``DistOpt``). Import
-everything from ``singa_jax.opt``.
+See docs/optimizers.md for the update rules and how they differ from PyTorch's. Besides
+SINGA's names: :class:`NonFiniteStepWarning` (an update skipped on NaN or inf),
+:func:`from_optax` (an optimizer backed by an optax transformation) and :class:`UpdateRule`.
 """
 from singa_jax._src.optim.schedules import (
     DecayScheduler as DecayScheduler, Constant as Constant, ExponentialDecay as ExponentialDecay)

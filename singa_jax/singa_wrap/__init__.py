@@ -4,9 +4,9 @@ SINGA's Python code, its tests and its users' custom operators call this layer d
 ``Tensor.data`` is a C++ tensor (here :class:`CTensor`, one mutable handle over a ``jax.Array``),
 and ``singa_wrap`` functions (``Add``, ``ReLU``, ``SoftMax``, ``CpuConvForward``, ...) take and
 return such tensors. Every function here also accepts plain ``jax.Array``s; ``as_array(x)`` gives
-the array behind either. Module layout: ``ctensor`` (the tensor class, dtypes, ``VecTensor``),
-``functions`` (``core_tensor.i``'s free functions), ``operations`` (conv/pooling/batch-norm/RNN
-handles), ``platform`` (build flags, ``Platform``, ``NcclIdHolder``) and ``io`` (``Snapshot``).
+the array behind either. Besides the tensor class, its dtypes and ``VecTensor``: SINGA's free
+tensor functions (``core_tensor.i``), the conv/pooling/batch-norm/RNN handle operations, the
+build flags with ``Platform`` and ``NcclIdHolder``, and the binary ``Snapshot``.
 """
 from singa_jax._src.runtime.ctensor import (
     CTensor as CTensor, Tensor as Tensor, VecTensor as VecTensor, as_array as as_array,

@@ -8,15 +8,10 @@ that produced it), ``requires_grad`` and ``stores_grad``.
 Arithmetic on Tensors here is plain computation (as in SINGA): it does not record the autograd
 graph; the functions of :mod:`singa_jax.autograd` do. The exception is PyTorch-style code: the
 operators ``+ - * / ** @`` and unary ``-`` record when an operand is tracked (a leaf made by
-``requires_grad_()`` or ``tensor(..., requires_grad=True)``, or a result of one); see
-:mod:`singa_jax._src.ops.torch_style`.
+``requires_grad_()`` or ``tensor(..., requires_grad=True)``, or a result of one).
 
-Layout: :mod:`.handle` holds the Tensor class, :mod:`.operands` the arithmetic behind its
-operators (and SINGA's ``mult``, ``copy_data_to_from``), :mod:`.functions` SINGA's module
-functions; the dtype constants live in :mod:`singa_jax._src.base.dtypes`, the random sampling in :mod:`singa_jax._src.runtime.sampling`
-and the creator bookkeeping (``Dummy``) in :mod:`singa_jax._src.base.node`. This module re-exports every
-public name SINGA's ``tensor`` has. See ``docs/tensors.md`` for the mapping onto JAX and the
-differences from SINGA.
+This module has every public name SINGA's ``tensor`` has. See ``docs/tensors.md`` for the
+mapping onto JAX and the differences from SINGA.
 """
 from singa_jax._src.tensor.tensor import (
     Tensor as Tensor, PlaceHolder as PlaceHolder, SharedTensor as SharedTensor,
@@ -27,8 +22,14 @@ from singa_jax._src.base.dtypes import (
     float16 as float16, float32 as float32, float64 as float64, bfloat16 as bfloat16, int8 as int8,
     int16 as int16, int32 as int32, int64 as int64, uint8 as uint8, bool_ as bool_,
     to_dtype as to_dtype, singa_dtype_code as singa_dtype_code, sizeof as sizeof)
-from singa_jax._src.tensor.creation import (from_raw_tensor as from_raw_tensor, from_raw_tensors as from_raw_tensors, from_numpy as from_numpy, tensor as tensor, from_jax as from_jax, from_dlpack as from_dlpack, to_numpy as to_numpy, to_host as to_host, copy_from_numpy as copy_from_numpy, zeros as zeros, ones as ones, random as random, zeros_like as zeros_like, ones_like as ones_like)
-from singa_jax._src.tensor.math import (product as product, contiguous as contiguous, reshape as reshape, transpose as transpose, repeat as repeat, sum as sum, average as average, softmax as softmax, pow as pow, add as add, sub as sub, eltwise_mult as eltwise_mult, div as div, lt as lt, le as le, gt as gt, ge as ge, eq as eq, abs as abs, exp as exp, ceil as ceil, log as log, sigmoid as sigmoid, sign as sign, sqrt as sqrt, square as square, tanh as tanh, einsum as einsum, tensordot as tensordot, concatenate as concatenate, axpy as axpy, bernoulli as bernoulli, gaussian as gaussian, uniform as uniform, add_column as add_column, add_row as add_row, sum_columns as sum_columns, sum_rows as sum_rows)
+from singa_jax._src.tensor.creation import (
+    from_raw_tensor, from_raw_tensors, from_numpy, tensor, from_jax, from_dlpack, to_numpy, to_host,
+    copy_from_numpy, zeros, ones, random, zeros_like, ones_like)
+from singa_jax._src.tensor.math import (
+    product, contiguous, reshape, transpose, repeat, sum, average, softmax, pow, add, sub,
+    eltwise_mult, div, lt, le, gt, ge, eq, abs, exp, ceil, log, sigmoid, sign, sqrt, square, tanh,
+    einsum, tensordot, concatenate, axpy, bernoulli, gaussian, uniform, add_column, add_row,
+    sum_columns, sum_rows)
 from singa_jax._src.tensor.operands import copy_data_to_from as copy_data_to_from, mult as mult
 from singa_jax._src.runtime.device import get_default_device as get_default_device
 # SINGA's private helper, which its own tests call

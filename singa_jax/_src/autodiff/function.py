@@ -87,7 +87,7 @@ class Function(Operator):
     _pullback: Any = None
     _flat = None  # (leaves, treedef) of the computed pullback, once a fused walk asked for it
     # whether the engine may hand ``forward`` Deferred inputs and have its kernel recorded (see
-    # singa_jax._src.eager.replay); False for a class with its own forward, which may compute on arrays
+    # eager replay); False for a class with its own forward, which may compute on arrays
     replayable = True
 
     # whether the class declares state (overrides reads, writes or needs_key); set per class

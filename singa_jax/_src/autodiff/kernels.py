@@ -126,7 +126,7 @@ def forward_vjp(fn: Callable, static: Tuple, diff: Tuple[bool, ...], n_state: in
                  device: Any = None, join: bool = True):
     """Forward plus the pullback w.r.t. the inputs marked in ``diff``; returns
     ``(outputs, pullback, new state arrays)`` (recorded by eager replay when it can be: then
-    with :class:`~singa_jax._src.eager.replay.Deferred` leaves). The kernel returns no copy of an input or
+    with eager replay's ``Deferred`` leaves). The kernel returns no copy of an input or
     output that the pullback keeps (see :mod:`.residuals`); without ``join`` the pullback is
     returned as the kernel left it, for the caller to join."""
     ys, pullback, new_state = replay.run(forward_vjp_kernel,

@@ -58,7 +58,7 @@ class Operator(Node):
     freed = False  # released by a backward without retain_graph: cannot be passed again
     # per input of the last call: whether anyone can use its gradient (None before a call)
     input_needs_grad: Optional[Tuple[bool, ...]] = None
-    replayable = False  # whether eager replay may record it (see singa_jax._src.eager.replay, Function)
+    replayable = False  # whether eager replay may record it (see eager replay, Function)
     replay_device = None  # during an engine call that may record: the inputs' Device
 
     def __init__(self, name: Optional[str] = None):

@@ -2,7 +2,7 @@
 
 ``Model.compile()`` initialises a model's parameters by splitting a device's key once per
 random fill and folding a chunk index into it per chunk of samples (see
-:mod:`singa_jax._src.runtime.sampling`). Done by ``jax.random`` each of these compiles a small XLA program
+the samplers). Done by ``jax.random`` each of these compiles a small XLA program
 the first time (``_threefry_split``, ``unstack``, ``iota_2x32_shape``, ``_threefry_fold_in``,
 a conversion: ~0.3 s of a cold ``compile()`` on a CPU) and dispatches one per call; the
 Threefry-2x32 hash is integer arithmetic, so NumPy computes the same bits at once.

@@ -267,7 +267,7 @@ in_parameter_initialization = _PARAMETER_INIT.get
 @contextlib.contextmanager
 def parameter_initialization() -> Iterator[None]:
     """A layer's ``initialize`` (eager first call and ``Model.compile()`` alike): device keys are
-    split and random fills drawn on the host (:mod:`singa_jax._src.runtime.sampling`), so initialising
+    split and random fills drawn on the host (the samplers), so initialising
     parameters compiles and dispatches no XLA program and gives the same values on every
     backend."""
     token = _PARAMETER_INIT.set(True)
@@ -279,7 +279,7 @@ def parameter_initialization() -> Iterator[None]:
 
 # --- graph mode's trace hook --------------------------------------------------------------------
 class TraceHook:
-    """Observer that graph mode installs while it traces a step (see :mod:`singa_jax._src.graph.runner`).
+    """Observer that graph mode installs while it traces a step (see graph mode's runner).
 
     It learns which pre-existing Tensors a step reads and rebinds, and which Tensors it creates,
     so that every piece of state enters and leaves the compiled program as data.

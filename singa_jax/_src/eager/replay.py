@@ -17,7 +17,7 @@ training step's forward, fused backward walk and update), keeping eager semantic
   walk and the update that follows it are: see :func:`soften`), an optimizer's call ends, a
   Model call ends, graph mode or a transaction begins, another device is used, or the segment
   reaches :data:`MAX_RECORDS` -- on an accelerator, a piece of
-  :data:`~singa_jax._src.backend.xla_options.REPLAY_PIECE_CALLS` calls: the device runs each piece while the
+  ``xla_options.REPLAY_PIECE_CALLS`` calls: the device runs each piece while the
   host records the next. Every output still referenced is computed and every Tensor
   rebound to its array, so after a flush no Tensor holds a placeholder.
 * **Soft outputs.** A recorded backward walk marks the pullback states it read *soft*: a soft

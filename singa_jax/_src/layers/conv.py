@@ -17,7 +17,8 @@ from singa_jax._src.layers import utils
 from singa_jax._src.runtime.device import Device
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.layers.base import Layer, positive_int
-from singa_jax._src.ops.handles import BatchNormHandle, ConvHandle, CudnnBatchNormHandle, CudnnConvHandle, CudnnPoolingHandle, PoolingHandle
+from singa_jax._src.ops.handles import (BatchNormHandle, ConvHandle, CudnnBatchNormHandle,
+                                        CudnnConvHandle, CudnnPoolingHandle, PoolingHandle)
 from singa_jax._src.ops.nn import batchnorm_2d, conv2d, pooling_2d
 from singa_jax._src.ops.elementwise import relu
 

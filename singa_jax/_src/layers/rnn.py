@@ -3,7 +3,7 @@
 SINGA unrolls RNN/LSTM step by step in Python; here the whole sequence is one operator whose
 kernel is a ``jax.lax.scan`` (one compiled loop, gradients by ``jax.vjp``), with the input
 projections of all steps done in one matmul before the loop. All three layers run the same
-scan kernel, ``singa_jax._src.ops.nn.rnn_direction`` (cuDNN's cell): RNN/LSTM only lay their per-gate
+scan kernel, ``ops.nn.rnn_direction`` (cuDNN's cell): RNN/LSTM only lay their per-gate
 weights out as cuDNN's stacked matrices first. ``step_forward`` keeps SINGA's single-step form
 built from autograd ops.
 """

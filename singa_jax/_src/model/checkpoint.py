@@ -37,7 +37,7 @@ from typing import Any, Dict, Mapping, Tuple
 import numpy as np
 
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.tensor.creation import (to_numpy)
+from singa_jax._src.tensor.creation import to_numpy
 from singa_jax._src.base.dtypes import singa_dtype_code
 
 __all__ = ["TENSOR_DICT_FILENAME", "STATES_ATTR_FILENAME", "MODEL_STATE_TYPE", "AUX_STATE_TYPE",

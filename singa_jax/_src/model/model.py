@@ -23,7 +23,7 @@ Usage is SINGA's::
     out, loss = m(x, y)          # training: train_one_batch, one compiled XLA program per step
     m.eval(); out = m(x)          # evaluation: forward, compiled too
 
-With ``use_graph=True`` (:meth:`compile` or :meth:`graph`) :mod:`singa_jax._src.graph.runner` compiles a call
+With ``use_graph=True`` (:meth:`compile` or :meth:`graph`) graph mode compiles a call
 into one ``jax.jit`` program; otherwise every operator runs eagerly. Both give the same numbers.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ from singa_jax._src.dist.dist import spmd_of
 from singa_jax._src.dist.spmd import bring_state_home, state_entered_mesh
 from singa_jax._src.graph.transaction import StepTransaction
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.tensor.creation import (from_numpy)
+from singa_jax._src.tensor.creation import from_numpy
 from singa_jax._src.optim.optimizers import Optimizer
 from singa_jax._src.dist.dist import DistOpt
 
@@ -271,7 +271,7 @@ class Model(Layer, metaclass=ModelMeta):
         """One call of ``train_one_batch`` or ``forward``: in this model's own training mode
         (whatever other threads set), compiled when ``graph``, and as a transaction -- if it
         raises, every parameter, buffer, optimizer state and device key is what it was before
-        (see :mod:`singa_jax._src.graph.transaction`). ``compile_only``: see :meth:`compile_step`."""
+        (see the graph package's transaction). ``compile_only``: see :meth:`compile_step`."""
         if self._autocast is not None:  # the whole call, graph mode's key included
             with modes.autocast_mode(self._autocast):
                 return self._run_step(fn, name, args, kwargs, graph, compile_only)

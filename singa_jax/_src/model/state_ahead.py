@@ -8,7 +8,7 @@ once; :func:`drop` takes back the slots the traced step does not use (a paramete
 gradient), so ``get_states()`` holds what an eager first step makes, and :func:`settle` ends
 the bookkeeping once a traced call has not failed.
 
-A first call that fails is undone with everything it made (see :mod:`singa_jax._src.graph.transaction`,
+A first call that fails is undone with everything it made (see the step's transaction,
 which restores the optimizer's attributes). The Tensors made for it are kept aside here, outside
 those attributes, and :func:`make` puts the same Tensors back for the next attempt: the program
 its trace compiled, over exactly those Tensors, then serves it without a second compilation.

@@ -17,7 +17,7 @@ __all__ = ["checked_step", "StateWatch", "with_wrapped", "plain_optimizers"]
 
 def checked_step(fn: Callable, optimizers: Sequence[Any] = ()) -> Callable:
     """``fn`` for graph mode, returning ``(result, checks, skip reports)``: the value checks its
-    ops make while traced (class labels, embedding indices; see :mod:`singa_jax._src.base.checks`) become
+    ops make while traced (class labels, embedding indices; see base.checks) become
     outputs of the program, and every state tensor and device key the step rewrites keeps its
     old value unless all of them pass -- so a failing step applies nothing, and raises once it
     has run. The skip reports are each of ``optimizers``' non-finite guard state after the

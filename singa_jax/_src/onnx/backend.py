@@ -1,7 +1,7 @@
 """ONNX import: an ONNX model becomes ONE pure JAX function, run as one singa_jax operator.
 
 ``prepare(model)`` checks the model (``onnx.checker``), looks every node up in the op table
-(:mod:`singa_jax._src.onnx.tensor_ops`, :mod:`singa_jax._src.onnx.nn_ops`, :mod:`singa_jax._src.onnx.cast_ops`,
+(:mod:`.tensor_ops`, :mod:`.nn_ops`, :mod:`.cast_ops`,
 :mod:`singa_jax._src.onnx.sequence_ops`) and rejects, before anything runs, an op type, attribute or
 attribute value it cannot run, naming the node, op type and opset (the checked graph:
 :class:`~singa_jax.sonnx.GraphProgram`).

@@ -3,7 +3,7 @@
 SINGA 5.1's backend maps each ONNX op type it imports to the SINGA operator (an ``autograd``
 class name) or layer (``layer.<class>``) that runs it; SINGA's ``test/python/test_onnx_backend.py``
 picks onnx's node tests from this table's keys. Here every ONNX op runs through the op table of
-:mod:`singa_jax._src.onnx.catalog` (which covers these and more); the table keeps SINGA's meaning: the
+:mod:`.catalog` (which covers these and more); the table keeps SINGA's meaning: the
 singa_jax operator or layer with the same semantics, each of which exists under that name
 (tests/test_sonnx_backend.py checks both).
 """

@@ -131,7 +131,7 @@ def _check_broadcast(x, t):
 # --- value checks of class-index targets: (op, x, t) -> None or raises / records ---------
 def _check_labels(op: str, x, t) -> None:
     """Class-index targets must be integers in ``[0, classes)`` (eager: ValueError now; graph
-    mode: an error at the end of the step, see :mod:`singa_jax._src.base.checks`). A float label must be
+    mode: an error at the end of the step, see base.checks). A float label must be
     an exact integer: SINGA would truncate 1.5 to class 1 silently."""
     classes = x.shape[1]
     check_indices(op, "class labels t", t, classes,

@@ -22,14 +22,15 @@ from singa_jax._src.base.dtypes import is_inexact
 from singa_jax._src.base.modes import autocast_dtype, current_trace_hook
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.eager import replay
-from singa_jax._src.optim.schedules import (HYPER_SPECS, DecayScheduler, as_schedule, step_schedules,
-                                            eval_schedules)
+from singa_jax._src.optim.schedules import (HYPER_SPECS, DecayScheduler, as_schedule,
+                                            step_schedules, eval_schedules)
 
 
-from singa_jax._src.optim.update import (UpdateRule, advance_unless_skipped, fused_update, SEPARATE_TEST_FROM, finite_test)
+from singa_jax._src.optim.update import (UpdateRule, advance_unless_skipped, fused_update,
+                                         SEPARATE_TEST_FROM, finite_test)
 from singa_jax._src.optim.replayed_update import (record_update, recording_device,
                                                   step_recording_device)
-from singa_jax._src.optim.guard import (SKIP_FIELDS, SkipReports)
+from singa_jax._src.optim.guard import SKIP_FIELDS, SkipReports
 from singa_jax._src.optim.update_layout import UpdateLayout, aval_of, device_of
 from singa_jax._src.base.dtypes import float32, to_dtype
 

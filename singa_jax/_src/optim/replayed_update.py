@@ -1,8 +1,8 @@
 """An eager update recorded by eager replay into the segment of the step it updates.
 
-An eager training step is a forward (recorded by eager replay, see :mod:`singa_jax._src.eager.replay`),
+An eager training step is a forward (recorded by eager replay, see eager replay),
 a backward walk (recorded into the same segment when it is a fused walk that recurs, see
-``singa_jax._src.autodiff.fused.fused_walk``) and the optimizer's fused update. When the gradients an update
+``autodiff.fused.fused_walk``) and the optimizer's fused update. When the gradients an update
 gets are pending values of the segment being recorded -- the walk was recorded -- the update's
 kernel is recorded there too: from its second occurrence the whole step is ONE compiled
 program, whose residuals and gradients never become arrays Python sees, and parameters, slots

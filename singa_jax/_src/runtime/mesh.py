@@ -41,7 +41,7 @@ _REPLICATED: Dict[Any, Callable] = {}  # (mesh, count) -> jitted identity to rep
 
 def gathered(arrays: List[jax.Array], what: str) -> List[jax.Array]:
     """``arrays`` (NamedSharding over DistOpt's mesh) replicated over their mesh: one program,
-    a collective over every process after the ranks agreed on it (:func:`~singa_jax._src.runtime.cluster.agree`)."""
+    a collective over every process after the ranks agreed on it (``cluster.agree``)."""
     cluster = CLUSTER[0]
     if cluster is not None:
         agree(cluster, what, repr([(tuple(a.shape), str(a.dtype)) for a in arrays]))

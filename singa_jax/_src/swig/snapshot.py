@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Dict, Union
 from singa_jax._src.swig import io as _io
 from singa_jax._src.tensor.tensor import Tensor
-from singa_jax._src.tensor.creation import (from_raw_tensor)
+from singa_jax._src.tensor.creation import from_raw_tensor
 from singa_jax._src.runtime.ctensor import as_array
 
 

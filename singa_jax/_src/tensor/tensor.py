@@ -1,7 +1,7 @@
 """The :class:`Tensor` handle: a mutable SINGA Tensor over an immutable ``jax.Array``.
 
 The array is ``Tensor.array`` (reads and writes report to graph mode's trace hook of the current
-thread); SINGA's ``Tensor.data`` is a :class:`~singa_jax._src.runtime.ctensor.BoundCTensor` over it. In-place
+thread); SINGA's ``Tensor.data`` is a ``BoundCTensor`` over it. In-place
 operations rebind the handle to a new array. Besides its value, a Tensor carries SINGA's three
 autograd attributes: ``creator``, ``requires_grad`` and ``stores_grad``. Operators and row/column
 methods are made by small factories, one name per line in the class body.
@@ -313,7 +313,7 @@ class Tensor(TensorBase):
     @property
     def data(self) -> BoundCTensor:
         """SINGA's ``Tensor.data``: the C++ tensor, here a CTensor over this Tensor's array
-        (:class:`~singa_jax._src.runtime.ctensor.BoundCTensor`: in-place CTensor methods, ``singa_wrap``
+        (``BoundCTensor``: in-place CTensor methods, ``singa_wrap``
         functions writing into it and ``t.data = ...`` all rebind this Tensor's array). JAX code
         wants ``t.array`` (or ``jnp.asarray(t.data)``) instead."""
         return BoundCTensor(self)
