@@ -1,4 +1,4 @@
-"""SINGA 5.1 conformance (issue 31): what SINGA's own test files (test_onnx.py,
+"""SINGA 5.1 conformance: what SINGA's own test files (test_onnx.py,
 test_onnx_backend.py, test_operation.py) do that singa_jax once refused, each checked against an
 independent computation: NumPy, jax.grad, onnxruntime on the exported model.
 """

@@ -1,4 +1,4 @@
-"""A model trained by DistOpt in graph mode, then called in the other ways (issue 34, item 4).
+"""A model trained by DistOpt in graph mode, then called in the other ways.
 
 After DistOpt's graph-mode steps the model's state lives on the mesh (global arrays over every
 device). Evaluation (graph mode, which compiles a one-device program, or eager), eager

@@ -1,4 +1,4 @@
-"""Where DistOpt's state lives and what a graph-mode step moves (issue 34).
+"""Where DistOpt's state lives and what a graph-mode step moves.
 
 On 1 process x 4 simulated CPU devices and 2 processes x 2, a launcher trains in graph mode and
 reports, after training:

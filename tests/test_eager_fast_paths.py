@@ -1,4 +1,4 @@
-"""The eager call path's caches and one-time checks (issue 30): each is keyed by what it derives
+"""The eager call path's caches and one-time checks: each is keyed by what it derives
 from, so a changed signature derives again, and results equal the general path's (NumPy /
 jax.lax references; float32 tolerances, widened where float32 products are reduced-precision --
 TF32 on a GPU -- by backend_precision.matmul_tolerance). See docs/performance.md, "Eager: one

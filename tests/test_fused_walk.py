@@ -204,7 +204,7 @@ def test_a_fused_step_with_nonfinite_gradients_is_skipped(counted):
             scale[0] = np.nan
             before = {k: np.asarray(t.array) for k, t in {**params, **sgd.get_states()}.items()
                       if k != "step_counter"}
-        with pytest.warns(optimizers.NonFiniteStepWarning) if step == 3 else contextlib.nullcontext():
+        with pytest.warns(opt.NonFiniteStepWarning) if step == 3 else contextlib.nullcontext():
             sgd(autograd.mul(loss, tensor.from_numpy(scale)))
             if step == 3:
                 sgd._report_skipped_steps()

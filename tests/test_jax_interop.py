@@ -1,4 +1,4 @@
-"""JAX interop (issue 14): zero-copy exchange (__jax_array__, from_jax/to_jax, DLPack, NumPy),
+"""JAX interop: zero-copy exchange (__jax_array__, from_jax/to_jax, DLPack, NumPy),
 Model.functional()/load_functional under jax.grad, jax.vmap, jax.jit, jax.checkpoint and
 sharding, and opt.from_optax."""
 import jax

@@ -15,9 +15,9 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "singa_jax"
 
-# Modules being rewritten to explicit names by the lead (architecture issue 11); remove an entry
-# once its module passes.
-_PENDING: dict = {}  # module path prefix -> why its names are not yet written out
+# module path prefix -> why its names are not written out yet (marked xfail); empty when every
+# module passes
+_PENDING: dict = {}
 
 
 def _relative(path: pathlib.Path) -> str:

@@ -1,5 +1,5 @@
-"""Issue 15 (reliability): bad values, non-finite steps, set_states, dtypes, degenerate sizes,
-killed checkpoint saves and a consumed autograd graph. Every test here failed before the fix.
+"""Reliability: bad values, non-finite steps, set_states, dtypes, degenerate sizes,
+killed checkpoint saves and a consumed autograd graph: each refused or survived as documented.
 
 The transactional step, graph-mode error flags and thread safety are tested with graph.py /
 model.py (the lead's part).

@@ -1,4 +1,4 @@
-"""PyTorch-style autograd on SINGA tensors (issue 14): tensor.tensor, requires_grad_, backward,
+"""PyTorch-style autograd on SINGA tensors: tensor.tensor, requires_grad_, backward,
 .grad, grad_fn, detach, recorded operators, autograd.grad, grad mode, retain_graph, Layer's
 named_parameters/parameters/zero_grad, the manual optimizer loop, and graph mode."""
 import threading
