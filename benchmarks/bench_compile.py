@@ -101,14 +101,14 @@ def _child(name: str, batch: int, steps: int) -> None:
         net(x, y)
     wait_all()
     t4, c4 = time.perf_counter(), time.process_time()
-    runner = net._graph_runner
+    stats = net.graph_stats()
     print(json.dumps({"model": name, "import": imported - start, "compile": t1 - t0,
                       "first": t2 - t1, "second": t3 - t2, "compile_cpu": c1 - c0,
                       "first_cpu": c2 - c1, "to_n": t4 - t0, "to_n_cpu": c4 - c0,
-                      "steps": max(steps, 2), "traces": runner.trace_count,
-                      "compiles": runner.compile_count,
-                      "tiered": getattr(runner, "tiered_count", 0),
-                      "programs": len(runner.programs)}))
+                      "steps": max(steps, 2), "traces": stats["traces"],
+                      "compiles": stats["compiles"],
+                      "tiered": stats["tiered"],
+                      "programs": stats["programs"]}))
 
 
 def _torch_child(name: str, batch: int, steps: int) -> None:

@@ -260,9 +260,9 @@ def bench(kind: str, batch: int, steps: int, rounds: int) -> Dict[str, float]:
     jax_first = time.perf_counter() - t0
     eager_step()
     held["eager"] = state_tensors(eager_net)
-    runner = graph_net._graph_runner
+    stats = graph_net.graph_stats()
     print(f"[{kind}] graph mode first step: compile() {graph_compile:.3f}s, first call "
-          f"{first:.3f}s ({runner.trace_count} trace(s), {runner.compile_count} XLA compile(s)), "
+          f"{first:.3f}s ({stats['traces']} trace(s), {stats['compiles']} XLA compile(s)), "
           f"second call {second * 1e3:.1f} ms; hand-written jax.jit first call {jax_first:.3f}s")
 
     variants = {"graph": graph_step, "eager": eager_step,

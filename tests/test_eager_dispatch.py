@@ -28,6 +28,8 @@ from singa_jax._src.autodiff import residuals
 from singa_jax._src.autodiff import backward as backward_mod
 from singa_jax._src.autodiff import function, kernels
 from singa_jax._src.autodiff import operator as operator_mod
+from singa_jax._src.autodiff import recipes as kinds
+from singa_jax._src.tensor import tensor as tensor_mod
 from singa_jax._src.ops import nn
 from singa_jax._src.autodiff.function import Function
 from singa_jax._src.backend.xla_options import kernel
@@ -51,12 +53,16 @@ def _general_result(array, device, requires_grad=True, creator=None, name=None,
 
 
 def _use_general_paths(monkeypatch) -> None:
-    """Turn every fast path off: outputs and gradients through ``Tensor(...)``, static arguments
-    frozen by the general ``_freeze`` (sorted), declared state asked of every op, the root
-    gradient made by a kernel on each backward."""
-    monkeypatch.setattr(operator_mod, "result_tensor", _general_result)
-    monkeypatch.setattr(backward_mod, "result_tensor", _general_result)
-    monkeypatch.setattr(function, "static_key", kernels._freeze)
+    """Turn every fast path off: no per-kind recipes (every call builds its operator the
+    generic way), outputs and gradients through ``Tensor(...)``, static arguments frozen by the
+    general ``_freeze`` (sorted), declared state asked of every op, the root gradient made by a
+    kernel on each backward. (The checked monkeypatch makes each patch reach every module that
+    reads the name.)"""
+    monkeypatch.setattr(kinds, "ENABLED", False)
+    for module in (operator_mod, backward_mod, tensor_mod):
+        monkeypatch.setattr(module, "result_tensor", _general_result)
+    for module in (kernels, function):
+        monkeypatch.setattr(module, "static_key", kernels._freeze)
     for cls in _subclasses(Function):
         monkeypatch.setattr(cls, "_declares_state", True)
     monkeypatch.setattr(backward_mod, "_unit_gradient",
@@ -64,14 +70,15 @@ def _use_general_paths(monkeypatch) -> None:
     # the forward kernels return their whole pullback (fresh kernels: the cached ones were
     # traced with the forwarding)
     monkeypatch.setattr(residuals, "split", lambda pullback, inputs, outputs: pullback)
-    monkeypatch.setattr(kernels, "forward_vjp_kernel", kernel(static_argnums=(0, 1, 2, 3))(
-        kernels.forward_vjp_kernel.__wrapped__))
+    fresh = kernel(static_argnums=(0, 1, 2, 3))(kernels.forward_vjp_kernel.__wrapped__)
+    for module in (kernels, kinds):
+        monkeypatch.setattr(module, "forward_vjp_kernel", fresh)
     # no interned keys, masks or output specs (each op derives its own), every replayed output
     # returned, pullbacks walked as the pytrees they are
-    monkeypatch.setattr(kernels, "interned", lambda t: t)
-    monkeypatch.setattr(function, "interned", lambda t: t)
-    monkeypatch.setattr(kernels, "INTERNED_MAX", 0)
-    monkeypatch.setattr(function, "INTERNED_MAX", 0)
+    for module in (kernels, function, kinds):
+        monkeypatch.setattr(module, "interned", lambda t: t)
+    for module in (kernels, function):
+        monkeypatch.setattr(module, "INTERNED_MAX", 0)
     monkeypatch.setattr(function, "_DIFFERENTIATED", {})
     monkeypatch.setattr(function, "_OUTPUT_SPECS", {})
     monkeypatch.setattr(operator_mod, "_NEEDS", {})
@@ -161,7 +168,8 @@ def _matmul_creator_backward(x: Tensor, w: Tensor, dy: Tensor):
 def test_fast_and_general_paths_give_identical_values_gradients_and_state(monkeypatch):
     a = _inputs()
     with autograd.fused_backward(False):  # the second walk would recur: one fused kernel
-        fast = _scenario(a)
+        _scenario(a)  # the first call of each kind leaves its recipe ...
+        fast = _scenario(a)  # ... which the second takes
         _use_general_paths(monkeypatch)
         general = _scenario(a)
     assert fast.keys() == general.keys()

@@ -28,9 +28,13 @@ from backend_precision import two_programs_tolerance
 from singa_jax import autograd, device, layer, model, opt, tensor
 from singa_jax._src.backend import tiers as graph_tiers
 from singa_jax._src.base import host_prng
-from singa_jax._src.graph import runner as graph_mod
 from singa_jax._src.backend import xla_options
-from singa_jax._src.graph.runner import GraphModeError
+
+
+def counts(net, *keys):
+    """Graph mode's counts of ``net`` (``Model.graph_stats``) for ``keys``."""
+    stats = net.graph_stats()
+    return tuple(stats[k] for k in keys)
 
 
 class Net(model.Model):
@@ -189,8 +193,7 @@ def test_first_training_call_traces_once_and_equals_eager(name):
         runs.append((losses, states(net)))
     np.testing.assert_allclose(runs[1][0], runs[0][0], **two_programs_tolerance(1e-6))
     assert_close(runs[0][1], runs[1][1])
-    runner = graph._graph_runner
-    assert runner.trace_count == 1 and runner.compile_count == 1 and len(runner.programs) == 1
+    assert counts(graph, "traces", "compiles", "programs") == (1, 1, 1)
     # the unused layer's parameters have no slot, as after eager steps
     assert not any("spare" in k for k in graph.optimizer.get_states())
 
@@ -206,7 +209,7 @@ def test_float16_loss_scale_is_state_of_the_first_trace():
     np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-3)
     assert "opt/loss_scale" in runs[1][1]
     np.testing.assert_array_equal(runs[1][1]["opt/loss_scale"], runs[0][1]["opt/loss_scale"])
-    assert graph._graph_runner.trace_count == 1 and graph._graph_runner.compile_count == 1
+    assert counts(graph, "traces", "compiles") == (1, 1)
 
 
 def test_a_failed_first_trace_keeps_no_state_made_ahead():
@@ -223,7 +226,7 @@ def test_a_failed_first_trace_keeps_no_state_made_ahead():
     net.set_optimizer(opt.SGD(lr=0.1, momentum=0.9))
     net.compile([tensor.Tensor(IN)], is_train=True, use_graph=True)
     before = states(net)
-    with pytest.raises(GraphModeError):
+    with pytest.raises(model.GraphModeError):
         net(*data(0))
     after = states(net)
     assert before.keys() == after.keys() and not any(k.startswith("opt/moments") for k in after)
@@ -236,8 +239,7 @@ def test_compile_step_compiles_without_changing_state_and_the_first_call_runs_it
     x, y = data(0)
     before = states(graph)
     assert graph.compile_step(x, y) is True
-    runner = graph._graph_runner
-    assert runner.trace_count == 1 and runner.compile_count == 1
+    assert counts(graph, "traces", "compiles") == (1, 1)
     after = states(graph)
     for k in before:  # nothing changed; the slots made ahead are zeros until the first step
         np.testing.assert_array_equal(before[k], after[k], err_msg=k)
@@ -246,7 +248,7 @@ def test_compile_step_compiles_without_changing_state_and_the_first_call_runs_it
     for net in (eager, graph):
         device.get_default_device().SetRandSeed(5)
         results.append([float(net(*data(s))[1].array[0]) for s in range(2)])
-    assert runner.trace_count == 1 and runner.compile_count == 1  # the call ran the program
+    assert counts(graph, "traces", "compiles") == (1, 1)  # the call ran the program
     np.testing.assert_allclose(results[1], results[0], **two_programs_tolerance(1e-6))
     assert_close(states(eager), states(graph))
 
@@ -290,11 +292,10 @@ def test_evaluation_compile_compiles_forward_for_the_placeholders():
     device.get_default_device().SetRandSeed(11)
     net = Net()
     net.compile([tensor.Tensor(IN)], is_train=False, use_graph=True)
-    runner = net._graph_runner
-    assert runner.trace_count == 1 and runner.compile_count == 1
+    assert counts(net, "traces", "compiles") == (1, 1)
     x, _ = data(3)
     out = np.asarray(net(x).array)
-    assert runner.trace_count == 1 and runner.compile_count == 1  # ran the program
+    assert counts(net, "traces", "compiles") == (1, 1)  # ran the program
     net.graph(False)
     np.testing.assert_allclose(out, np.asarray(net(x).array),
                                **two_programs_tolerance(1e-6, 1e-6))
@@ -327,17 +328,16 @@ def test_a_tiered_step_runs_quick_then_optimised_and_equals_a_step_compiled_once
     runs = []
     for mode in ("always", False):
         net = build(OPTIMIZERS["sgd_momentum"], True)
-        runner = net._graph_runner
         losses = []
         with model.tiered_compilation(mode):
             losses.append(float(net(*data(0))[1].array[0]))
             prog = _program(net)
             quick = prog.compiled
             if mode:
-                assert runner.tiered_count == 1 and runner.compile_count == 2
+                assert counts(net, "tiered", "compiles") == (1, 2)
                 assert prog.pending is not None
-                assert runner.last_compile_options == _tiers_possible()
-            runner.finish_compiling()
+                assert net._graph_runner.last_compile_options == _tiers_possible()
+            net.finish_compiling()
             assert prog.pending is None
             assert (prog.compiled is not quick) == bool(mode)
             before = states(net)
@@ -347,7 +347,7 @@ def test_a_tiered_step_runs_quick_then_optimised_and_equals_a_step_compiled_once
             losses += [float(net(*data(s))[1].array[0]) for s in (1, 2)]
             losses += [float(net(*data(s, batch=2))[1].array[0]) for s in (3, 4)]
             losses.append(float(net(*data(5))[1].array[0]))
-        assert runner.trace_count == 2 and runner.tiered_count == (2 if mode else 0)
+        assert counts(net, "traces", "tiered") == (2, (2 if mode else 0))
         runs.append((losses, states(net)))
     np.testing.assert_allclose(runs[0][0], runs[1][0], **two_programs_tolerance(1e-5))
     assert_close(runs[0][1], runs[1][1], tol=1e-5)
@@ -392,8 +392,8 @@ def test_tiers_only_where_they_pay(monkeypatch, tier_records):
             if ahead:
                 assert net.compile_step(*data(0)) is True
             net(*data(0))
-        net._graph_runner.finish_compiling()
-        return net._graph_runner.tiered_count
+        net.finish_compiling()
+        return net.graph_stats()["tiered"]
 
     with _optimising():
         assert tiered() == 0
@@ -468,8 +468,8 @@ def test_a_program_recorded_in_the_persistent_cache_is_not_compiled_in_tiers(
     def tiered():
         net = build(OPTIMIZERS["sgd_momentum"], True)
         net(*data(0))
-        net._graph_runner.finish_compiling()
-        return net._graph_runner.tiered_count
+        net.finish_compiling()
+        return net.graph_stats()["tiered"]
 
     with _optimising(), model.tiered_compilation(True):
         assert [tiered(), tiered()] == [1, 0]
@@ -495,7 +495,7 @@ def test_a_failed_optimised_compile_leaves_the_quick_program_serving(monkeypatch
             quick = _program(net).compiled
             if mode:
                 with pytest.warns(RuntimeWarning, match="optimised compilation .* failed"):
-                    net._graph_runner.finish_compiling()
+                    net.finish_compiling()
                 assert _program(net).compiled is quick and _program(net).pending is None
             losses += [float(net(*data(s))[1].array[0]) for s in (1, 2)]
         runs.append((losses, states(net)))

@@ -10,9 +10,15 @@ import numpy as np
 import pytest
 
 from singa_jax import autograd, device, layer, model, opt, tensor
-from singa_jax._src.graph.runner import GraphModeError
+from singa_jax.model import GraphModeError
 
 from backend_precision import two_programs_tolerance
+
+
+def counts(net, *keys):
+    """Graph mode's counts of ``net`` (``Model.graph_stats``) for ``keys``."""
+    stats = net.graph_stats()
+    return tuple(stats[k] for k in keys)
 
 
 class MLP(model.Model):
@@ -130,9 +136,9 @@ def test_mlp_with_dropout_graph_equals_eager(name):
     assert_same_states(snapshot(eager), snapshot(graph))
     # the optimizer's slots are made before the first trace, which takes them as inputs: one
     # trace and one XLA compilation, the program reused from then on
-    assert graph._graph_runner.trace_count == 1 and graph._graph_runner.compile_count == 1
-    assert len(graph._graph_runner.programs) == 1
-    assert eager._graph_runner.trace_count == 0
+    assert counts(graph, "traces", "compiles") == (1, 1)
+    assert graph.graph_stats()["programs"] == 1
+    assert eager.graph_stats()["traces"] == 0
 
 
 @pytest.mark.parametrize("name", ["sgd_decay_schedule", "adam", "rmsprop", "adagrad"])
@@ -161,8 +167,8 @@ def test_new_batch_size_retraces_and_old_programs_are_reused():
     sizes = [4, 4, 6, 4, 6]
     graph, losses = train(SmallCNN, OPTIMIZERS["adam"], True, CNN_IN, steps=5, sizes=sizes)
     assert np.isfinite(losses).all()
-    assert graph._graph_runner.trace_count == 2  # batch 4, batch 6
-    assert len(graph._graph_runner.programs) == 2
+    assert graph.graph_stats()["traces"] == 2  # batch 4, batch 6
+    assert graph.graph_stats()["programs"] == 2
 
 
 def test_static_argument_is_part_of_the_program_key():
@@ -171,9 +177,9 @@ def test_static_argument_is_part_of_the_program_key():
     m(x, y, "plain")
     m(x, y, "plain")
     before = {k: tensor.to_numpy(v) for k, v in m.get_params().items()}
-    count = m._graph_runner.trace_count
+    count = m.graph_stats()["traces"]
     m(x, y, "no_update")
-    assert m._graph_runner.trace_count == count + 1
+    assert m.graph_stats()["traces"] == count + 1
     for k, v in m.get_params().items():  # the other branch: parameters untouched
         np.testing.assert_array_equal(before[k], tensor.to_numpy(v))
 
@@ -186,10 +192,10 @@ def test_eval_after_train_is_compiled_and_uses_running_statistics():
     assert autograd.training is False
     x, _ = data(CNN_IN, 99)
     before = snapshot(graph)
-    count = graph._graph_runner.trace_count
+    count = graph.graph_stats()["traces"]
     outs = [tensor.to_numpy(graph(x)) for _ in range(3)]  # eager first call, then compiled
     out_eager = tensor.to_numpy(eager(x))
-    assert graph._graph_runner.trace_count == count + 1
+    assert graph.graph_stats()["traces"] == count + 1
     for out in outs:
         np.testing.assert_allclose(out, out_eager, rtol=1e-5, atol=1e-6)
     after = snapshot(graph)
@@ -198,7 +204,7 @@ def test_eval_after_train_is_compiled_and_uses_running_statistics():
     # back to training: the cached training program is reused
     graph.train()
     graph(*data(CNN_IN, 5))
-    assert graph._graph_runner.trace_count == count + 1
+    assert graph.graph_stats()["traces"] == count + 1
 
 
 def test_compile_initialises_without_touching_statistics():
@@ -304,7 +310,7 @@ def test_replaced_parameter_tensor_is_used_by_the_compiled_step():
     # the replacement made a new program: its new momentum slot (its key still owned by the
     # old tensor, so not made ahead) is learnt by a first trace, then the step is traced with
     # it as input and compiled once
-    assert m._graph_runner.trace_count == 3 and m._graph_runner.compile_count == 2
+    assert counts(m, "traces", "compiles") == (3, 2)
     np.testing.assert_array_equal(tensor.to_numpy(old), old_value)  # the old tensor is left alone
     moved = tensor.to_numpy(m.fc2.W)
     assert not np.allclose(moved, new_value)  # the new one was read and updated

@@ -407,10 +407,10 @@ def test_a_training_step_compiles_once_and_equals_eager():
         _, lg = compiled(x, y)
         np.testing.assert_allclose(np.asarray(lg.array), np.asarray(le.array), rtol=1e-5,
                                    atol=1e-6)
-    runner = compiled._graph_runner
     # the momentum slots are made before the first trace, which takes them: one trace, one
     # compilation (tests/test_first_step.py)
-    assert runner.compile_count == 1 and runner.trace_count == 1 and len(runner.programs) == 1
+    stats = compiled.graph_stats()
+    assert stats["compiles"] == 1 and stats["traces"] == 1 and stats["programs"] == 1
     for k, t in eager.get_states().items():
         np.testing.assert_allclose(np.asarray(compiled.get_states()[k].array),
                                    np.asarray(t.array), rtol=1e-5, atol=1e-6, err_msg=k)

@@ -387,7 +387,7 @@ def test_graph_mode_compiles_backward_and_grad_updates_like_eager():
         np.testing.assert_allclose(arr(b), arr(a), rtol=1e-5, atol=1e-6, err_msg=name)
         np.testing.assert_allclose(arr(b.grad), arr(a.grad), rtol=1e-5, atol=1e-6, err_msg=name)
     # one trace meets the new .grad tensors and momentum slots, the next is reused from then on
-    assert graph._graph_runner.trace_count == 2
+    assert graph.graph_stats()["traces"] == 2
 
 
 class PenaltyNet(Net):

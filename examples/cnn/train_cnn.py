@@ -203,7 +203,6 @@ def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data,
 
     history = {'losses': [], 'train_loss': [], 'train_acc': [], 'test_acc': [],
                'img_per_s': [], 'time_split': []}
-    runner = net._graph_runner  # its trace count tells a call that compiled from a step
     for epoch in range(first_epoch, max_epoch):
         start_time = time.time()
         net.train()
@@ -212,10 +211,10 @@ def run(global_rank, world_size, local_rank, max_epoch, batch_size, model, data,
                              quiet=global_rank != 0, in_flight=IN_FLIGHT)
         for x, y in batches:
             tx.array, ty.array = x, y  # rebind: the batch is on the device already
-            traces = runner.trace_count
+            traces = net.graph_stats()["traces"]  # a call that traced compiled
             started = time.perf_counter()
             out, loss = net(tx, ty, dist_option, spars)
-            if runner.trace_count != traces:
+            if net.graph_stats()["traces"] != traces:
                 bar.exclude(time.perf_counter() - started)  # compiling, not training
             bar.record(loss.array, out.array, y)
         bar.finish()

@@ -21,6 +21,7 @@ import jax
 from singa_jax._src.autodiff.operator import Operator
 from singa_jax._src.autodiff.walk import walk, walks_into
 from singa_jax._src.backend.xla_options import fuses_heavy_walks, kernel
+from singa_jax._src.base import process_state
 from singa_jax._src.base.modes import is_backward_fused
 from singa_jax._src.base.node import Dummy, Node
 from singa_jax._src.eager import replay
@@ -320,3 +321,12 @@ def _replay(plan_id: int, sizes: Tuple[int, ...], *leaves: jax.Array) -> list:
                        _apply_pullback)
             values.extend(d for d in dxs if d is not None)
     return [values[r] for r in outs]
+
+
+@process_state.register
+def _forget_plans() -> None:
+    """Forget which walks were seen and planned (plan ids stay unique: each id keys a compiled
+    kernel), so the next walks are planned as if for the first time."""
+    with _plans_lock:
+        _seen_plans.clear()
+        _known_shapes.clear()

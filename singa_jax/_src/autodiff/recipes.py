@@ -32,6 +32,7 @@ from singa_jax._src.autodiff.kernels import (FLAT, forward_kernel, forward_vjp_k
                                              kept_pullback, op_error, split_state, store_writes)
 from singa_jax._src.autodiff.operator import next_name
 from singa_jax._src.autodiff.residuals import Residuals
+from singa_jax._src.base import process_state
 from singa_jax._src.base.env import flag
 from singa_jax._src.base.modes import autocast_dtype, is_grad_enabled, is_training
 from singa_jax._src.base.node import Dummy
@@ -39,7 +40,7 @@ from singa_jax._src.eager import replay
 from singa_jax._src.eager.replay import Deferred
 from singa_jax._src.tensor.tensor import Tensor
 
-__all__ = ["Recipe", "kind_call", "recorded_by_kind", "ENABLED"]
+__all__ = ["Recipe", "kind_call", "recorded_by_kind", "new_holder", "ENABLED"]
 
 # False (``SINGA_JAX_KIND_RECIPES=0``): every call takes the generic path (for comparisons)
 ENABLED = flag("SINGA_JAX_KIND_RECIPES")
@@ -189,3 +190,19 @@ def kind_call(holder: Optional[Dict[Hashable, Any]], key: Hashable, make: Callab
     if recipe is not None or len(holder) < _RECIPES_KEPT:
         holder[key] = Recipe.learn(op, xs, modes)
     return y
+
+
+_HOLDERS: list = []  # the op tables' recipe holders (handles keep theirs on the handle)
+
+
+def new_holder() -> Dict[Hashable, Any]:
+    """A recipe holder for one op table's class (its recipes forgotten by a process reset)."""
+    holder: Dict[Hashable, Any] = {}
+    _HOLDERS.append(holder)
+    return holder
+
+
+@process_state.register
+def _forget_recipes() -> None:
+    for holder in _HOLDERS:
+        holder.clear()

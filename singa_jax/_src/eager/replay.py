@@ -65,6 +65,7 @@ except ImportError:  # another JAX layout: nothing is recorded (every op runs at
     class ArrayImpl:  # type: ignore[no-redef]
         pass
 
+from singa_jax._src.base import process_state
 from singa_jax._src.base.env import flag
 from singa_jax._src.base.modes import (current_trace_hook, in_compile_time_eval, is_eager_replay,
                                        is_grad_enabled, is_replay_speculating, is_training)
@@ -606,6 +607,16 @@ def _sequence_ended(recorded: int) -> None:
 
 _local = _Local()
 _ENV_OFF = not flag("SINGA_JAX_EAGER_REPLAY")
+
+
+@process_state.register
+def _forget_sequences() -> None:
+    """Forget every recorded sequence, its programs and plans (this thread's pending segment
+    runs first): the next sequences are recorded as if for the first time."""
+    global _ROOT
+    flush()
+    _ROOT = _Step(None, None)
+    _local.arguments, _local.rebound, _local.recording, _local.ran = (), (), True, 0
 
 
 def active() -> bool:

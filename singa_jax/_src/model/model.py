@@ -198,6 +198,21 @@ class Model(Layer, metaclass=ModelMeta):
         self.graph_mode = bool(mode)
         self.sequential = bool(sequential)
 
+    def graph_stats(self) -> Dict[str, float]:
+        """What graph mode has done for this model so far, as a new dict (reading it changes
+        nothing): ``traces`` (calls traced), ``compiles`` (XLA compilations of whole steps),
+        ``tiered`` (steps of them compiled in two tiers, see :class:`tiered_compilation`),
+        ``programs`` (compiled programs kept) and ``last_compile_seconds``."""
+        runner = self._graph_runner
+        return {"traces": runner.trace_count, "compiles": runner.compile_count,
+                "tiered": runner.tiered_count, "programs": len(runner.programs),
+                "last_compile_seconds": runner.last_compile_seconds}
+
+    def finish_compiling(self) -> None:
+        """Wait until every step of this model compiling in the background (tiered
+        compilation) is compiled: each call from then on runs its optimised program."""
+        self._graph_runner.finish_compiling()
+
     def export_step(self, platforms: Sequence[str] = ("cuda", "tpu"), training: bool = True
                     ) -> jax.export.Exported:
         """The graph-mode program of this model's last compiled training step

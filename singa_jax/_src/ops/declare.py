@@ -8,7 +8,7 @@ import inspect
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from singa_jax._src.autodiff.function import Function, NonDifferentiable
-from singa_jax._src.autodiff.recipes import kind_call, recorded_by_kind
+from singa_jax._src.autodiff.recipes import kind_call, new_holder, recorded_by_kind
 
 __all__ = ["make_function", "functional", "declare"]
 
@@ -32,7 +32,7 @@ def functional(op_cls: type, name: str, params: Sequence[str], doc: str = "") ->
     variadic = any(p.startswith("*") for p in params)
     # the kind's recipes (see .kinds), one per input avals: a table's op is called on tensors
     # of several shapes in one model (a ResNet's relu), and each keeps its recipe
-    recipes: Optional[Dict[Any, Any]] = {} if recorded_by_kind(op_cls) else None
+    recipes: Optional[Dict[Any, Any]] = new_holder() if recorded_by_kind(op_cls) else None
 
     def f(*args, **kwargs):
         if kwargs or variadic or len(args) != len(params):  # the usual call skips the binding

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
+from singa_jax._src.base import process_state
 from singa_jax._src.base import host_prng
 from singa_jax._src.base.modes import in_compile_time_eval, in_parameter_initialization, traced_keys
 
@@ -200,6 +201,13 @@ def _host_index(jd: jax.Device) -> int:
     process)."""
     index = getattr(jd, "local_hardware_id", None)
     return jd.id if index is None else int(index)
+
+
+@process_state.register
+def _reset_keys() -> None:
+    """Every Device's key back to its initial seed (see :mod:`~singa_jax._src.base.process_state`)."""
+    for jd, dev in list(_devices.items()):
+        dev._key = jax.device_put(jax.random.PRNGKey(_host_index(jd)), jd)
 
 
 def _wrap(jd: jax.Device) -> Device:
