@@ -160,13 +160,16 @@ def test_ever_other_kept_outputs_stay_correct_and_bound_the_programs():
         want, want_kept = _numpy_chain(xa, 9, keep=(keep,))
         np.testing.assert_allclose(np.asarray(kept[0].array), want_kept[0], rtol=1e-5)
         np.testing.assert_allclose(np.asarray(y.array), want, rtol=1e-5)
-    # the sequence got programs for a few output sets, then one returning every output
-    step = replay._ROOT
-    for _ in range(40):
+    # the sequence got programs for a few output sets, then one returning every output: the
+    # test's only sequence is the only node of the (fresh) tree where segments ended
+    ended, stack = [], [replay._ROOT]
+    while stack:
+        step = stack.pop()
+        stack.extend(step.next.values())
         if step.programs:
-            break
-        step = next(iter(step.next.values()))
-    assert len(step.programs) <= replay._OUTPUT_SETS + 1
+            ended.append(step)
+    assert len(ended) == 1
+    assert 2 <= len(ended[0].programs) <= replay._OUTPUT_SETS + 1
 
 
 def test_a_changed_shape_takes_another_branch_of_the_sequence_tree(monkeypatch):

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import numpy as np
@@ -129,7 +130,10 @@ _FRESH_PROCESS = textwrap.dedent("""
     del names[:]
     Net(classes=5, wide=300).compile([tensor.Tensor((3, 2, 5, 5))], is_train=True,
                                      use_graph=True)
-    print(json.dumps([first, names]))
+    second = list(names)
+    del names[:]
+    jax.jit(lambda v: v * 3.0 + 1.0)(jax.numpy.ones(3))  # the listener sees a compile
+    print(json.dumps([first, second, names]))
 """)
 
 
@@ -142,7 +146,8 @@ def test_compile_in_a_fresh_process_compiles_nothing():
     proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, os.path.dirname(__file__)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    first, second = json.loads(proc.stdout.strip().splitlines()[-1])
+    first, second, control = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert control, "the log listener saw no compile: it cannot tell that none happened"
     assert first == [] and second == [], (first, second)
 
 
@@ -409,9 +414,18 @@ def test_tiers_only_where_they_pay(monkeypatch, tier_records):
             competing = not xla_options.quick_steps_while_compiling(platform)
             assert tiered(mode="auto") == (0 if competing else 1)
         # cores to spare: the quick program serves the calls made while the optimised one
-        # compiles; a call after it is ready runs it
+        # compiles (held back here until the second call has run); a call after it is ready
+        # runs it
         for name in os.listdir(tier_records):
             os.remove(tier_records / name)
+        gate = threading.Event()
+        compile_optimised = graph_tiers.Pending._compile
+
+        def held_back(self, lowered, after):
+            assert gate.wait(120), "the test never released the optimised compilation"
+            return compile_optimised(self, lowered, after)
+
+        monkeypatch.setattr(graph_tiers.Pending, "_compile", held_back)
         net = build(OPTIMIZERS["sgd_momentum"], True)
         with model.tiered_compilation("auto"):
             net(*data(0))
@@ -419,7 +433,8 @@ def test_tiers_only_where_they_pay(monkeypatch, tier_records):
             quick, pending = prog.compiled, prog.pending
             assert pending is not None and not pending.wait and pending.started
             net(*data(1))
-            assert prog.compiled is quick or pending.ready()
+            assert not pending.ready() and prog.compiled is quick and prog.pending is pending
+            gate.set()
             pending.future.result()
             net(*data(2))
         assert prog.compiled is not quick and prog.pending is None

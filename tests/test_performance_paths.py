@@ -373,9 +373,11 @@ def test_compile_lowers_no_program_for_new_parameter_shapes():
     watching[0] = True
     try:
         net.compile([tensor.Tensor((2, 3, 18, 18))], is_train=True, use_graph=True)
+        assert lowered == []
+        jax.jit(lambda v: v * 3.0 + 1.0)(jnp.ones(5))  # a new program: the listener sees it
+        assert lowered, "the monitoring listener saw no lowering: it cannot tell none happened"
     finally:
         watching[0] = False
-    assert lowered == []
     shape = (13 * 81, 80)
     assert net.fc.W.shape == shape and np.prod(shape) > sampling._DRAW_CHUNK
     key = device.get_default_device().key

@@ -457,8 +457,7 @@ def _counted(fn):
 def _speculation_run(speculate, monkeypatch, steps=12, tweak_at=None, small_last=False):
     """Train with a new batch every step (as a data loader gives them), then evaluate, with or
     without speculation; returns losses, states, the evaluation's outputs and per call
-    ``(speculated, mispredicted)``. (The tree of sequences outlives a test: a model of the
-    same structure built by an earlier test finds its plans, and may mispredict at first.)"""
+    ``(speculated, mispredicted)``."""
     # an evaluation as one program on every backend, as on a CPU (an accelerator's pieces
     # do not speculate: test_pieces_do_not_run_ahead)
     _evaluation_in_pieces(monkeypatch, None)
@@ -490,7 +489,7 @@ def _speculation_run(speculate, monkeypatch, steps=12, tweak_at=None, small_last
 
 def _assert_identical(a, b):
     """Speculated vs not: the same compiled programs on the same arrays -- bit for bit on the
-    CPU. (On a GPU a run's first steps, op by op or by a program an earlier test compiled for
+    CPU. (On a GPU a run's first steps, op by op or by a program the run before compiled for
     the same sequence, may differ from the other run's by TF32's rounding: two programs.)"""
     def same(x, y, err_msg=""):
         if jax.default_backend() == "cpu":
@@ -509,8 +508,8 @@ def _assert_identical(a, b):
 
 # A recurring sequence is compiled at its second run and has a plan after its third (learnt
 # from the second and third runs of its program); a training step's whole sequence (its walk
-# recorded too) first occurs at its first or second call, depending on what earlier tests in
-# the process fused already. So a step runs ahead from its fourth or fifth call on.
+# recorded too) first occurs at its second call, once its walk is fused (every test starts
+# from a cold engine). So a step runs ahead from its fifth call on: four calls first.
 LEARNT = 4
 
 
@@ -544,8 +543,8 @@ def test_a_recurring_step_starts_on_predicted_inputs_and_equals_the_unspeculated
     _assert_identical(speculated, plain)
     counts = speculated[3]
     # every training step and evaluation after the first few ran ahead; none mispredicted
-    assert _ahead_from(counts[:12]) <= LEARNT, counts
-    assert _ahead_from(counts[12:]) <= 3, counts  # (no walk to fuse first)
+    assert _ahead_from(counts[:12]) == LEARNT, counts
+    assert _ahead_from(counts[12:]) == 3, counts  # (no walk to fuse first)
     assert all(c == (0, 0) for c in plain[3])
     # each started after the segment's first recorded call: the batch and the state are the
     # arrays the call started with
@@ -567,7 +566,7 @@ def test_a_smaller_last_batch_is_not_speculated(monkeypatch):
     speculated = _speculation_run(True, monkeypatch, small_last=True)
     plain = _speculation_run(False, monkeypatch, small_last=True)
     _assert_identical(speculated, plain)
-    assert _ahead_from(speculated[3][:11]) <= LEARNT, speculated[3]
+    assert _ahead_from(speculated[3][:11]) == LEARNT, speculated[3]
     assert speculated[3][11] == (0, 0)  # another batch shape: nothing run ahead
 
 
@@ -603,8 +602,6 @@ def test_a_training_loop_without_a_model_call_is_speculated_from_the_last_step(m
                 counts.append(count)
             results.append((losses, _states(net), [], counts))
     _assert_identical(results[0], results[1])
-    # (a plan learnt by an earlier test for the same sequence in a Model call cannot predict
-    # without the call's arrays: dropped after two steps, and this loop's learnt instead)
     assert results[0][3][-4:] == [(1, 0)] * 4
     # started once the loss was recorded: the walk, the update and the step still to come
     so_far, of_step = starts[-1]
@@ -659,8 +656,8 @@ def test_an_evaluation_after_training_steps_predicts_parameters_from_their_tenso
     # do not speculate: test_pieces_do_not_run_ahead)
     _evaluation_in_pieces(monkeypatch, None)
     for speculate in (True, False):
-        # a tree of sequences of its own: earlier tests' plans for the same sequence (from
-        # Model calls, predicting from the call's arrays) would have to be dropped first
+        # each run a tree of sequences of its own (the first run's plans would serve the
+        # second)
         monkeypatch.setattr(replay, "_ROOT", replay._Step(None, None))
         with autograd.eager_replay(True), autograd.replay_speculation(speculate):
             net = _build(_sgd())
