@@ -9,7 +9,7 @@ Each part runs in a process of its own, its output (stdout and stderr) written t
 
 * ``info``  -- ``python -m singa_jax.info``: versions, devices, precision, settings;
 * ``tests`` -- ``python -m pytest -q -p no:cacheprovider``, the whole suite (``--quick``:
-  tests/test_layer.py and tests/test_graph.py; ``--pytest-args`` chooses): passed / failed /
+  tests/test_layer.py and tests/test_model.py; ``--pytest-args`` chooses): passed / failed /
   skipped counts and the failing test ids;
 * ``main``  -- the main job, ``python examples/cnn/train_cnn.py`` (its default 10 epochs;
   ``--quick``: 2 epochs, the second one free of compilation): final test accuracy and
@@ -47,7 +47,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("info", "tests", "main", "bench")
-QUICK_TESTS = ["tests/test_layer.py", "tests/test_graph.py"]
+QUICK_TESTS = ["tests/test_layer.py", "tests/test_model.py"]
 # wall-clock limits per part (seconds); --timeout overrides them all
 TIMEOUTS = {"info": 300, "tests": 4 * 3600, "main": 3600, "bench": 1800}
 TAIL_LINES = 25

@@ -102,6 +102,14 @@ def monkeypatch():
 
 
 @pytest.fixture
+def record_every_sequence(monkeypatch):
+    """Eager replay records sequences of any length (by default only those of at least
+    ``MIN_RECORDS`` kernels): small test programs replay as a large model's would."""
+    from singa_jax._src.eager import replay
+    monkeypatch.setattr(replay, "MIN_RECORDS", 1)
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     """A NumPy generator with a fixed seed, for reproducible random test inputs."""
     return np.random.default_rng(0)

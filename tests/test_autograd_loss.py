@@ -1,4 +1,4 @@
-"""Tests of singa_jax._src.ops.loss against NumPy formulas (forward and analytic gradients)."""
+"""Tests of autograd's losses against NumPy formulas (forward and analytic gradients)."""
 import jax
 import jax.numpy as jnp
 import numpy as np

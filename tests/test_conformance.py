@@ -2,8 +2,6 @@
 test_onnx_backend.py, test_operation.py) do that singa_jax once refused, each checked against an
 independent computation: NumPy, jax.grad, onnxruntime on the exported model.
 """
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -9,7 +9,7 @@ import pytest
 
 from singa_jax import autograd, device, layer, model, opt, tensor
 from singa_jax import singa_wrap as singa
-from singa_jax._src.runtime.ctensor import CTensor
+from singa_jax.singa_wrap import CTensor
 
 
 class SumError(autograd.Operator):

@@ -6,7 +6,6 @@ import sys
 import textwrap
 
 import jax
-import numpy as np
 import pytest
 
 import backend_precision
@@ -136,9 +135,9 @@ def test_precision_switch_reaches_eager_and_graph_mode():
 _PRECISION_SENSITIVE = [
     "tests/test_layer.py::test_separable_conv2d",
     "tests/test_layer.py::test_lstm_against_recurrence",
-    "tests/test_autograd_nn.py::test_rnn_final_states_match_numpy",
+    "tests/internal/test_autograd_nn.py::test_rnn_final_states_match_numpy",
     "tests/test_legacy_layer.py::test_legacy_layers_inside_a_modern_network",
-    "tests/test_fused_walk.py::test_wanted_intermediates_match_the_op_by_op_walk",
+    "tests/internal/test_fused_walk.py::test_wanted_intermediates_match_the_op_by_op_walk",
 ]
 
 

@@ -3,14 +3,16 @@ eager semantics intact. Every check compares against op-by-op execution
 (``autograd.eager_replay(False)``) of the same program from the same seed: float32 on the CPU,
 where the fused program and the single kernels give the same results up to XLA's fusion
 rounding (1e-6 relative)."""
-import jax
 import numpy as np
 import pytest
 
 from singa_jax import autograd, device, layer, model, opt, tensor
-from singa_jax._src.eager import replay
 
 from backend_precision import matmul_tolerance
+
+# small programs, shorter than the sequences eager replay records by default: record them
+# anyway (an internal test checks the default)
+pytestmark = pytest.mark.usefixtures("record_every_sequence")
 
 # float32 on XLA:CPU: fused program vs one kernel per operator, 1e-6; where float32 products
 # are computed in reduced precision (TF32 on an NVIDIA GPU) the two round differently: widened
@@ -18,11 +20,6 @@ _TOLERANCE = matmul_tolerance(1e-6, 1e-6)
 RTOL, ATOL = _TOLERANCE["rtol"], _TOLERANCE["atol"]
 
 
-@pytest.fixture(autouse=True)
-def record_every_sequence(monkeypatch):
-    """These small programs' sequences are shorter than replay.MIN_RECORDS: record them anyway
-    (test_only_long_sequences_are_recorded checks the default)."""
-    monkeypatch.setattr(replay, "MIN_RECORDS", 1)
 
 
 class Net(model.Model):
@@ -109,25 +106,19 @@ def _assert_same(a, b):
 
 
 def test_replayed_training_and_evaluation_equal_op_by_op():
-    before = replay.stats()
+    before = autograd.replay_stats()
     replayed = _train(Net, True, [2], steps=6)
-    after = replay.stats()
+    after = autograd.replay_stats()
     # the forward recurred: it was recorded, compiled once and run as one program
     assert after["recorded"] > before["recorded"]
     assert after["compiled"] > before["compiled"]
     assert after["replayed"] > before["replayed"]
-    mid = replay.stats()
+    mid = autograd.replay_stats()
     plain = _train(Net, False, [2], steps=6)
-    assert replay.stats()["recorded"] == mid["recorded"]  # the switch runs op by op
+    assert autograd.replay_stats()["recorded"] == mid["recorded"]  # the switch runs op by op
     _assert_same(replayed, plain)
     losses = [float(np.ravel(v)[0]) for v in replayed[0]]
     assert losses[-1] < losses[0]  # and it trains
-
-
-def test_no_tensor_holds_a_pending_value_after_a_model_call():
-    *_, net = _train(Net, True, [2], steps=4)
-    tensors = list(net.get_states().values()) + list(net.optimizer.get_states().values())
-    assert all(isinstance(t._data, jax.Array) for t in tensors)
 
 
 def test_a_changed_shape_runs_correctly_and_gets_its_own_program():
@@ -187,15 +178,6 @@ def test_recorded_output_is_read_before_its_segment_ends():
         np.testing.assert_allclose(tensor.to_numpy(c), (np.arange(6) ** 2 + np.arange(6)).reshape(2, 3))
 
 
-def test_switch_is_scoped_and_a_decorator():
-    assert autograd.eager_replay(False)(lambda: replay.active())() is False
-    with autograd.eager_replay(False):
-        assert not replay.active()
-        with autograd.eager_replay(True):
-            assert replay.active()
-    assert replay.active()
-
-
 def test_failed_step_leaves_every_tensor_as_it_was():
     """A transaction rolls back tensors whose values were pending when the step failed."""
     _, _, _, net = _train(Net, True, [2], steps=3)
@@ -207,33 +189,6 @@ def test_failed_step_leaves_every_tensor_as_it_was():
         net(x, bad_y)
     for k, v in net.get_states().items():
         np.testing.assert_array_equal(tensor.to_numpy(v), states[k], err_msg=k)
-
-
-def test_only_long_sequences_are_recorded(monkeypatch):
-    """With the default threshold a short sequence runs op by op from then on (on a CPU its
-    kernels overlap with the Python of the next ops) and a long one is recorded again."""
-    monkeypatch.setattr(replay, "MIN_RECORDS", 8)
-    x = tensor.from_numpy(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))
-
-    def chain(n):
-        y = x
-        for _ in range(n):
-            y = autograd.tanh(y)
-        replay.flush()  # a sequence boundary, as a Model call's end or a backward is
-        return y
-
-    chain(12)  # a long sequence: the kernel is known and the next sequence is recorded
-    for n, recorded in ((12, True), (3, True), (3, False), (12, False), (12, True)):
-        # a short sequence turns recording off for the next; a long one, run at once, turns it
-        # back on
-        before = replay.stats()["recorded"]
-        y = chain(n)
-        assert (replay.stats()["recorded"] > before) is recorded, (n, recorded)
-        want = np.asarray(x.array)
-        for _ in range(n):
-            want = np.tanh(want)
-        # (XLA's float32 tanh against NumPy's, twelve times over: 1e-5)
-        np.testing.assert_allclose(tensor.to_numpy(y), want, rtol=1e-5)
 
 
 class Widening(model.Model):
@@ -263,9 +218,9 @@ def test_kernels_met_for_the_first_time_are_recorded_without_ending_the_segment(
     with autograd.eager_replay(True):
         outs, deltas = [], []
         for _ in range(3):
-            before = replay.stats()
+            before = autograd.replay_stats()
             outs.append(tensor.to_numpy(net(x)))
-            after = replay.stats()
+            after = autograd.replay_stats()
             deltas.append({k: after[k] - before[k] for k in after})
     with autograd.eager_replay(False):
         plain = tensor.to_numpy(net(x))
@@ -289,29 +244,3 @@ def test_a_kernel_whose_trace_fails_raises_at_the_operator_and_nothing_is_record
         np.testing.assert_allclose(tensor.to_numpy(h), np.tanh(np.ones((2, 3))), rtol=1e-6)
 
 
-@pytest.mark.parametrize("heavy", [False, True])
-def test_walks_of_heavy_operators_fuse_where_the_backend_says(monkeypatch, heavy):
-    """xla_options.fuses_heavy_walks: on a CPU a long walk of heavy operators goes op by op; on
-    an accelerator it is fused (and recorded into the step's program) like a small one. Here
-    every operator counts as heavy and walks past 4 operators as long; the switch of the
-    platform the test runs on is flipped: the gradients equal op by op's either way."""
-    from singa_jax._src.backend import xla_options
-    from singa_jax._src.autodiff import fused
-    from singa_jax._src.autodiff import backward as backward_mod
-    monkeypatch.setattr(fused, "FUSED_WALK_MAX_OPS", 4)
-    monkeypatch.setattr(fused, "FUSED_WALK_SMALL_OP", 0)
-    platform = device.get_default_device().platform
-    monkeypatch.setitem(xla_options.HEAVY_WALKS_FUSED, platform, heavy)
-    walks = []
-    walk = backward_mod.fused_walk
-
-    def counting(*args, **kwargs):
-        result = walk(*args, **kwargs)
-        walks.append(result is not None)
-        return result
-
-    monkeypatch.setattr(backward_mod, "fused_walk", counting)  # the name backward() calls
-    replayed = _train(Net, True, [2], steps=5)
-    assert any(walks) is heavy  # (a plan fuses from its second walk on)
-    plain = _train(Net, False, [2], steps=5)
-    _assert_same(replayed, plain)

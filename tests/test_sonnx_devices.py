@@ -15,7 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from backend_precision import matmul_tolerance  # noqa: E402
-from singa_jax import autograd, device, opt, tensor  # noqa: E402
+from singa_jax import device, opt, tensor  # noqa: E402
 from onnx_classifier import Classifier  # noqa: E402
 from singa_jax import sonnx  # noqa: E402
 

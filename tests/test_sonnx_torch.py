@@ -12,7 +12,7 @@ ort = pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
 from backend_precision import matmul_tolerance  # noqa: E402
-from singa_jax import autograd, device, opt, tensor  # noqa: E402
+from singa_jax import device, opt, tensor  # noqa: E402
 from onnx_classifier import Classifier  # noqa: E402
 from singa_jax import sonnx  # noqa: E402
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from singa_jax import autograd, tensor, utils
-from singa_jax._src.ops.handles import ConvHandle, PoolingHandle
+from singa_jax.autograd import ConvHandle, PoolingHandle
 
 
 @pytest.mark.parametrize("mode,n,k,s", [("SAME_UPPER", 7, 3, 2), ("SAME_LOWER", 7, 4, 1),

@@ -1,4 +1,5 @@
-"""graph.py against the core contracts only: hand-made ops, layers and optimizers.
+"""Graph mode's runner (graph/runner.py) against the core contracts only: hand-made ops,
+layers and optimizers.
 
 Every test runs the same step eagerly and through :class:`GraphRunner` from the same seeds and
 compares the numbers, and checks a trap of whole-step compilation.

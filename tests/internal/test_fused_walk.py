@@ -1,4 +1,4 @@
-"""Fused backward walks (autograd/engine.py): a walk that recurs runs as one replay kernel.
+"""Fused backward walks (autodiff/fused.py): a walk that recurs runs as one replay kernel.
 
 The first walk of a graph goes op by op and writes its plan; the same plan met again runs every
 pullback and sum in one jitted replay. Gradients, their names and the order they are yielded in
@@ -21,7 +21,6 @@ from singa_jax._src.base import modes
 from singa_jax._src.autodiff import fused
 from singa_jax._src.autodiff import operator as operator_mod
 from singa_jax._src.autodiff.function import Function
-from singa_jax._src.optim import optimizers
 from singa_jax.precision import float32_matmul_precision_scope
 from singa_jax.tensor import Tensor
 

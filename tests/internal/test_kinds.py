@@ -1,4 +1,4 @@
-"""The recording path per operator kind (autograd/kinds.py): a call shaped like its kind's last
+"""The recording path per operator kind (autodiff/recipes.py): a call shaped like its kind's last
 call builds its operator from the kind's recipe. Every check compares against the generic path
 (``kinds.ENABLED = False``) on the same inputs: the operator's state, its graph edges, its
 outputs, its gradients and a short training run. Float32 on the CPU: identical values."""
@@ -277,11 +277,11 @@ def test_eager_training_with_recipes_equals_the_generic_path(recipes_used, monke
     third one program) with recipes and without, from the same start: the same losses,
     parameters, statistics and momentum; the loss falls."""
     monkeypatch.setattr(replay, "MIN_RECORDS", 4)
-    stats_before = replay.stats()
+    stats_before = autograd.replay_stats()
     made_losses, made_state = _train(True, monkeypatch)
     assert sum(recipes_used) >= 6 * 7  # every conv, bn and relu from the second step on
     generic_losses, generic_state = _train(False, monkeypatch)
-    assert replay.stats()["replayed"] > stats_before["replayed"]
+    assert autograd.replay_stats()["replayed"] > stats_before["replayed"]
     assert made_losses[-1] < made_losses[0]
     np.testing.assert_allclose(made_losses, generic_losses, **two_programs_tolerance(1e-6, 1e-6))
     assert made_state.keys() == generic_state.keys()
