@@ -21,11 +21,10 @@ seconds, steadier than the ratio of the whole run's medians; more rounds of fewe
 more closely).
 
 singa_jax tunes Python's garbage collector at the first eager backward (a higher young
-threshold: singa_jax/gc_tuning.py); run with ``SINGA_JAX_GC_TUNING=0`` to time without it.
+threshold: singa_jax/_src/backend/gc_tuning.py); run with ``SINGA_JAX_GC_TUNING=0`` to time without it.
 ``--gc-freeze`` also moves every object alive after the warm-up out of the collector's reach
 (``gc.freeze()``, a lever of the user's program): without either, its full collections
-traverse JAX's own objects too, every few steps (see docs/performance.md, "Eager: the garbage
-collector"). Medians and means are printed (a
+traverse JAX's own objects too, every few steps. Medians and means are printed (a
 median skips the full collections). An eager training step becomes one replayed program at
 about its sixth call, so every variant is warmed up ``WARMUP`` calls. ``--torch-threads``
 sets PyTorch's intra-op threads (default: PyTorch's own choice). Usage::

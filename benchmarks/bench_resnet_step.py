@@ -2,8 +2,8 @@
 (``examples/cnn/model/resnet.py``, 10 classes) at batch B and the given image side, the
 example's SGD (lr 0.005, momentum 0.9, weight decay 1e-5), every step waiting for all of its
 state. Its img/s is what the example's loop (``train_cnn.py resnet cifar10 -b B``, which resizes
-32x32 images to 224 on the device) is compared with (docs/performance.md, "Input pipeline and
-training loop"). Meant for an accelerator (a CPU takes seconds a step)::
+32x32 images to 224 on the device) is compared with (docs/performance.md, "Input pipeline
+and training loop"). Meant for an accelerator (a CPU takes seconds a step)::
 
     python benchmarks/bench_resnet_step.py [--batch 128] [--size 224] [--steps 20]
 """

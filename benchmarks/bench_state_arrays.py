@@ -6,8 +6,8 @@ handles over immutable arrays), and the last step's arrays are freed when the st
 replaced them ends. This times that part alone, with no singa_jax code: one ``jax.jit`` call
 over ``--arrays`` arrays in and out (each step's outputs the next step's inputs, the old ones
 freed), against the same values packed into ``--groups`` flat buffers that the program takes
-and returns whole -- the design docs/performance.md names for the CPU's eager step ("Eager on
-the CPU: what is left is per array"). Each step waits for its results before the old arrays
+and returns whole -- a design for the CPU's eager step, whose remaining host cost is per
+array. Each step waits for its results before the old arrays
 are freed; call and free are timed apart, medians of ``--steps``, the two variants taking turns
 ``--rounds`` times.
 

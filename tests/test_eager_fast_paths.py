@@ -1,8 +1,7 @@
 """The eager call path's caches and one-time checks: each is keyed by what it derives
 from, so a changed signature derives again, and results equal the general path's (NumPy /
 jax.lax references; float32 tolerances, widened where float32 products are reduced-precision --
-TF32 on a GPU -- by backend_precision.matmul_tolerance). See docs/performance.md, "Eager: one
-pass per call".
+TF32 on a GPU -- by backend_precision.matmul_tolerance).
 
 * a window op's static arguments and kernel key, made once per handle (and odd padding);
 * interned static keys, kernel statics, gradient masks and output specs;

@@ -1,4 +1,4 @@
-"""The fast paths of docs/performance.md give the numbers of the paths they replace.
+"""singa_jax's fast paths give the numbers of the paths they replace.
 
 * max pooling over tiling windows (reshape + max, first-argmax custom_vjp) equals XLA's
   reduce_window lowering, values and gradients, ties included;

@@ -3,8 +3,7 @@ update recorded into one segment, run as ONE program once the step recurs (eager
 the fused walk, the replayed update). Every check compares against op-by-op
 execution (``autograd.eager_replay(False)``) from the same seed: float32 on the CPU, equal up
 to XLA's fusion rounding (1e-6; on a GPU's TF32 up to two programs' own roundings:
-backend_precision.two_programs_tolerance). Also: singa_jax's garbage-collector tuning
-(gc_tuning.py)."""
+backend_precision.two_programs_tolerance)."""
 import warnings
 
 import numpy as np

@@ -1,11 +1,11 @@
 """SINGA-style programs, written here, run unmodified under ``python -m singa_jax.run``.
 
 Each script uses a SINGA API pattern that one of SINGA 5.1's own examples relies on and that
-singa_jax once got wrong (see docs/porting.md, "SINGA's examples run unmodified"):
+a reimplementation easily gets wrong (SINGA's examples: docs/compatibility.md):
 
 * a ``Model`` whose ``get_states`` override reads states its ``initialize`` creates, trained in
-  graph mode (``examples/rnn/char_rnn.py``: singa_jax asked for the states before the first
-  call had initialised the model);
+  graph mode (``examples/rnn/char_rnn.py``: the states exist only once the first call has
+  initialised the model);
 * an LSTM whose states were sized by a training batch, fed a batch of one to sample from
   (char_rnn's ``sample``: SINGA's step ops broadcast the input against the state);
 * ``python -m singa_jax.run`` itself without runpy's "found in sys.modules" warning.

@@ -19,8 +19,7 @@ which then leaves the recipe for its own signature (one per kind, key and modes:
 ``SINGA_JAX_KIND_RECIPES=0`` (or :data:`ENABLED` set False) makes every call generic.
 
 On the dispatch-bound network of ``bench_eager.py`` this is most of an operator's host cost
-that is not replay's record itself (see docs/performance.md, "Eager: a recording path per
-operator kind").
+that is not replay's record itself.
 """
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ alive crossed it about ten times a step, and each young collection traversed the
 promoted it, so that every ~12 steps a full collection followed -- and a full collection
 traverses every tracked object of the process, after the first compiles mostly JAX's own
 (~240K objects after a 100-block CNN's first steps, alive for good): 95-170 ms each, ~10 ms a
-step on average, plus ~3 ms a step of young and middle collections (see docs/performance.md,
-"Eager: the garbage collector").
+step on average, plus ~3 ms a step of young and middle collections.
 
 :func:`tune` raises the youngest generation's threshold to :data:`YOUNG_THRESHOLD`. A training
 loop's objects come and go by reference counting (the autograd graph has no reference cycles),
