@@ -1,5 +1,5 @@
 """SINGA 5.1 conformance: what SINGA's own test files (test_onnx.py,
-test_onnx_backend.py, test_operation.py) do that singa_jax once refused, each checked against an
+test_onnx_backend.py, test_operation.py) do, each checked against an
 independent computation: NumPy, jax.grad, onnxruntime on the exported model.
 """
 import numpy as np
