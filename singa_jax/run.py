@@ -1,14 +1,18 @@
-"""Run an unmodified SINGA program on singa_jax: ``python -m singa_jax.run script.py [args]``.
+"""Run an unmodified SINGA program on singa_jax: ``python -m singa_jax.run script.py [args]``, or
+``python -m singa_jax.run -m module [args]`` for a program launched as a module.
 
 For the run, an import hook makes ``import singa``, ``from singa import tensor, ...``,
-``singa.singa_wrap`` and ``from singa import singa_wrap as singa`` resolve to singa_jax's
+``singa.singa_wrap`` and ``from singa import singa_wrap as singa`` resolve to singa_jax's public
 modules; nothing is installed under the name ``singa``. The script runs as ``python script.py``
 would run it: in a fresh ``__main__`` module with ``__file__`` its absolute path, ``sys.argv =
 [script, *args]``, its (real) folder in place of the working folder at ``sys.path[0]``, and the
 same exit status (``sys.exit(n)``, 1 after an uncaught exception, whose traceback shows the
-script's frames only, death by SIGINT after an uncaught KeyboardInterrupt). SINGA's
-``device.create_cuda_gpu*()`` calls fall back to the default device with a warning (the runner
-sets ``SINGA_JAX_CUDA_FALLBACK=1``, which singa_jax.device reads).
+script's frames only, death by SIGINT after an uncaught KeyboardInterrupt). A module runs as
+``python -m module`` would run it: its parent packages imported first, ``sys.argv[0]`` its
+file, the working folder first on ``sys.path``, ``__spec__`` its spec, a package's
+``__main__`` submodule. SINGA's ``device.create_cuda_gpu*()`` calls fall back to the default
+device with a warning (the runner sets ``SINGA_JAX_CUDA_FALLBACK=1``, which the device module
+reads).
 
 In a notebook, ``singa_jax.install_as_singa()`` installs the same hook.
 """
@@ -98,7 +102,7 @@ def uninstall_singa_alias() -> None:
             del sys.modules[name]
 
 
-USAGE = "usage: python -m singa_jax.run script.py [args ...]"
+USAGE = "usage: python -m singa_jax.run script.py [args ...]  |  -m module [args ...]"
 
 
 class _ScriptTraceback:
@@ -159,8 +163,46 @@ def _run_script(script: str, args: Sequence[str], path0_is_cwd: bool = False) ->
     exec(hook.code, main_module.__dict__)
 
 
+def _run_module(name: str, args: Sequence[str]) -> None:
+    """Run the module ``name`` as ``python -m name args...`` would, in this process: its parent
+    packages imported first, the code run in a fresh ``__main__`` whose ``__spec__`` is the
+    module's (a package runs its ``__main__`` submodule), ``sys.argv[0]`` the module's file.
+    ``sys.path[0]`` is already the working folder (this runner was started with ``-m``)."""
+    def fail(message: str) -> None:
+        print(f"{sys.executable}: {message}", file=sys.stderr)
+        raise SystemExit(1)
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as e:  # a parent package missing, or an empty name
+        fail(f"Error while finding module specification for {name!r} "
+             f"({type(e).__name__}: {e})")
+    if spec is None:
+        fail(f"No module named {name}")
+    if spec.submodule_search_locations is not None:  # a package: its __main__
+        main_name = name + ".__main__"
+        spec = importlib.util.find_spec(main_name)
+        if spec is None:
+            fail(f"No module named {main_name}; '{name}' is a package and cannot be directly "
+                 f"executed")
+    code = spec.loader.get_code(spec.name) if spec.loader is not None else None
+    if code is None:
+        fail(f"No code object available for {spec.name}")
+    hook = _ScriptTraceback(sys.excepthook)
+    hook.code = code
+    sys.excepthook = hook
+    sys.argv = [spec.origin or spec.name, *args]
+    main_module = ModuleType("__main__")
+    main_module.__dict__.update(
+        __file__=spec.origin, __cached__=spec.cached, __package__=spec.parent, __spec__=spec,
+        __loader__=spec.loader, __builtins__=builtins)
+    sys.modules["__main__"] = main_module
+    exec(code, main_module.__dict__)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
-    """Run ``argv[0]`` (a SINGA script) as ``__main__`` with ``argv[1:]`` as its arguments."""
+    """Run ``argv[0]`` (a SINGA script) as ``__main__`` with ``argv[1:]`` as its arguments
+    (``-m module args``: the module, as ``python -m`` runs it)."""
     # started as ``python -m singa_jax.run``: this module is __main__ and -m put the working
     # folder first on sys.path (unless -P)
     from_command_line = argv is None and __name__ == "__main__"
@@ -168,6 +210,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE + "\n\n" + (__doc__ or "").strip())
         raise SystemExit(0 if argv else 2)
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            print(f"singa_jax.run: -m needs a module name\n{USAGE}", file=sys.stderr)
+            raise SystemExit(2)
+        install_as_singa(cuda_fallback=True)
+        _run_module(argv[1], argv[2:])
+        return
     script = argv[0]
     if not os.path.isfile(script):
         print(f"singa_jax.run: no such script: {script}\n{USAGE}", file=sys.stderr)

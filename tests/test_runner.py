@@ -159,6 +159,43 @@ def test_runner_gives_the_script_what_python_gives(tmp_path, where):
     assert got == expected
 
 
+MODULE_PROBE = r'''
+import json
+import sys
+
+main = sys.modules["__main__"]
+print(json.dumps({
+    "file": __file__, "argv": sys.argv, "path": sys.path, "name": __name__,
+    "main_is_this_module": main.__dict__ is globals(), "spec": [__spec__.name, __spec__.origin,
+    __spec__.parent], "package": __package__, "cached": __cached__,
+    "loader": type(__loader__).__name__, "parent_imported": "app" in sys.modules,
+}))
+sys.exit(int(sys.argv[-1]))
+'''
+
+
+@pytest.mark.parametrize("module", ["app.server", "app.tools", "app.missing", "app", "nosuch"])
+def test_runner_runs_a_module_as_python_m_does(tmp_path, module):
+    """``-m module``: ``sys.argv`` (its file first), the whole ``sys.path`` (the working folder
+    first), ``__main__``, ``__spec__``, ``__package__``, the parent package imported first, a
+    package's ``__main__`` run, the exit status; a missing module or a package without
+    ``__main__`` fails with python's message."""
+    (tmp_path / "app" / "tools").mkdir(parents=True)
+    (tmp_path / "app" / "__init__.py").write_text("print('app imported')\n")
+    (tmp_path / "app" / "server.py").write_text(MODULE_PROBE)
+    (tmp_path / "app" / "tools" / "__init__.py").write_text("")
+    (tmp_path / "app" / "tools" / "__main__.py").write_text(MODULE_PROBE)
+    args = [module, "--rounds", "2", "a b", "3"]
+    direct, ran = _python(["-m", *args], str(tmp_path)), _run(["-m", *args], str(tmp_path))
+    assert (ran.returncode, ran.stdout, ran.stderr) == \
+        (direct.returncode, direct.stdout, direct.stderr)
+    if module in ("app.server", "app.tools"):
+        assert direct.returncode == 3 and json.loads(direct.stdout.splitlines()[-1])["argv"][1:] \
+            == args[1:]
+    else:
+        assert direct.returncode == 1 and "No module named" in direct.stderr
+
+
 EXITS = {
     "normal end": "print('done')",
     "sys.exit(3)": "import sys\nsys.exit(3)",
@@ -186,7 +223,10 @@ def test_runner_exits_as_python_does(tmp_path, case):
 
 
 def test_install_as_singa_in_process(monkeypatch):
-    monkeypatch.delenv(run.CUDA_FALLBACK_ENV, raising=False)
+    # (set, then removed: monkeypatch then restores the variable's state however the test
+    # ends, the value install_as_singa writes included)
+    monkeypatch.setenv(run.CUDA_FALLBACK_ENV, "0")
+    monkeypatch.delenv(run.CUDA_FALLBACK_ENV)
     assert "singa" not in sys.modules
     finder = run.install_as_singa()
     try:

@@ -531,3 +531,108 @@ def test_declared_batch_1_fine_tunes_at_batch_8(use_graph, rng):
     assert tensor.to_numpy(net(tx)).shape == (8, 5)
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# an imported graph exported again: alone, fine-tuned under a new head, between layers
+# --------------------------------------------------------------------------------------------
+def _exported_again(inputs, y, feeds):
+    """Export ``y`` (computed through an imported graph); onnxruntime on the file, and the file
+    imported again, must both give ``y``'s values."""
+    m = sonnx.to_onnx(inputs, [y])
+    want = tensor.to_numpy(y)
+    np.testing.assert_allclose(ort_run(m, *feeds)[0], want, **matmul_tolerance(1e-5))
+    again = sonnx.prepare(m).run([t(f) for f in feeds])[0]
+    np.testing.assert_allclose(tensor.to_numpy(again), want, **two_programs_tolerance(1e-5))
+    return m
+
+
+def test_an_imported_model_exports_again(rng):
+    src = MLPBN()
+    xa = rng.standard_normal((4, 6)).astype(np.float32)
+    x = t(xa)
+    src.compile([x], is_train=False, use_graph=False)
+    first = sonnx.to_onnx([x], [src.forward(x)])
+    rep = sonnx.prepare(first)  # (held: the export reads its batch-norm statistics)
+    y = rep.run([x])[0]
+    m = _exported_again([x], y, [xa])
+    # the imported graph's own nodes, written again (not one opaque operator)
+    assert [n.op_type for n in m.graph.node if n.op_type != "Identity"] == \
+        [n.op_type for n in first.graph.node if n.op_type != "Identity"]
+
+
+class Around(model.Model):
+    """singa_jax layers before and after an imported graph."""
+
+    def __init__(self, onnx_model):
+        super().__init__()
+        self.pre = layer.Linear(6)
+        self.imported = sonnx.SONNXModel(onnx_model)
+        self.post = layer.Linear(3)
+
+    def forward(self, x):
+        return self.post(autograd.tanh(self.imported.forward(autograd.relu(self.pre(x)))[0]))
+
+    def train_one_batch(self, x, y):
+        loss = autograd.softmax_cross_entropy(self.forward(x), y)
+        self.optimizer(loss)
+        return loss
+
+
+@pytest.mark.parametrize("use_graph", [False, True])
+def test_a_fine_tuned_import_exports_its_trained_weights(use_graph, rng):
+    """Imported, fine-tuned with a new head (eager or graph mode), exported from an eager
+    forward: onnxruntime and the re-imported file give the fine-tuned model's outputs, which the
+    original weights do not."""
+    src = MLPBN()
+    xa = rng.standard_normal((4, 6)).astype(np.float32)
+    x, y = t(xa), t(np.eye(2, dtype=np.float32)[[0, 1, 1, 0]])
+    src.compile([x], is_train=False, use_graph=False)
+    om = sonnx.to_onnx([x], [src.forward(x)])
+    net = FineTune(om)
+    net.set_optimizer(opt.SGD(lr=0.1, momentum=0.9))
+    net.compile([x], is_train=True, use_graph=use_graph)
+    untrained = tensor.to_numpy(net.forward(x))
+    for _ in range(5):
+        net(x, y)
+    net.eval()
+    out = net.forward(x)
+    m = _exported_again([x], out, [xa])
+    assert not np.allclose(ort_run(m, xa)[0], untrained, atol=1e-3)
+
+
+@pytest.mark.parametrize("use_graph", [False, True])
+def test_an_import_between_layers_exports_again(use_graph, rng):
+    src = MLPBN()
+    x6 = t(rng.standard_normal((4, 6)).astype(np.float32))
+    src.compile([x6], is_train=False, use_graph=False)
+    om = sonnx.to_onnx([x6], [src.forward(x6)])
+    xa = rng.standard_normal((4, 5)).astype(np.float32)
+    x, y = t(xa), t(np.eye(3, dtype=np.float32)[[0, 1, 2, 0]])
+    net = Around(om)
+    net.set_optimizer(opt.SGD(lr=0.05))
+    net.compile([x], is_train=True, use_graph=use_graph)
+    for _ in range(3):
+        net(x, y)
+    net.eval()
+    _exported_again([x], net.forward(x), [xa])
+
+
+def test_an_import_at_an_older_opset_exports_at_the_default(rng):
+    """A graph imported at opset 13 (ReduceMean's axes an attribute, Squeeze's an input) is
+    written at the export's opset (ReduceMean's axes an input from 18)."""
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[1], keepdims=1),
+             helper.make_node("Squeeze", ["m", "ax"], ["s"]),
+             helper.make_node("MatMul", ["s", "w"], ["y"])]
+    w = rng.standard_normal((3, 2)).astype(np.float32)
+    inits = [helper.make_tensor("ax", TensorProto.INT64, [1], [1]),
+             helper.make_tensor("w", TensorProto.FLOAT, [3, 2], w.ravel())]
+    m13 = _model(nodes, [_vi("x", [4, 5, 3])], [_vi("y", [4, 2])], inits, opset=13)
+    xa = rng.standard_normal((4, 5, 3)).astype(np.float32)
+    x = t(xa)
+    y = sonnx.prepare(m13).run([x])[0]
+    np.testing.assert_allclose(tensor.to_numpy(y), xa.mean(1) @ w, rtol=1e-5, atol=1e-6)
+    m = _exported_again([x], y, [xa])
+    assert m.opset_import[0].version == sonnx.DEFAULT_OPSET
+    (reduce,) = [n for n in m.graph.node if n.op_type == "ReduceMean"]
+    assert len(reduce.input) == 2  # the axes: an input at the new opset

@@ -876,3 +876,16 @@ def test_copy_from_numpy_keeps_a_copy():
         t.copy_from_numpy(a)
         a[:] = 7.0
         np.testing.assert_array_equal(N(t), np.ones(1000, np.float32))
+
+
+def test_print_is_singas():
+    """SINGA 5.1's Tensor prints its values as NumPy does, then its dtype's name (the
+    transcripts of SINGA's tensor and half-precision pages)."""
+    a = np.asarray([[1, 0, 0], [0, 1, 0]], dtype=np.float32)
+    t = tensor.from_numpy(a)
+    assert repr(t) == str(t) == "[[1. 0. 0.]\n [0. 1. 0.]], float32"
+    assert repr(t / 5) == "[[0.2 0.  0. ]\n [0.  0.2 0. ]], float32"
+    assert repr(t.as_type(tensor.float16) + 1) == "[[2. 1. 1.]\n [1. 2. 1.]], float16"
+    assert repr(tensor.from_numpy(np.arange(3, dtype=np.int32))) == "[0 1 2], int32"
+    big = tensor.from_numpy(np.arange(2000, dtype=np.float32))
+    assert repr(big) == np.array2string(np.arange(2000, dtype=np.float32)) + ", float32"

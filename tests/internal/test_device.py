@@ -31,6 +31,7 @@ def test_gpu_requests_fall_back_to_the_host_with_one_warning(monkeypatch):
     monkeypatch.setattr(device_impl, "_strict", [None])
     monkeypatch.setattr(device_impl, "_fallback_warned", [False])
     monkeypatch.delenv(device_impl.STRICT_ENV, raising=False)
+    monkeypatch.delenv(device_impl.FALLBACK_ENV, raising=False)
     with pytest.warns(RuntimeWarning, match="no GPU or TPU.*set_strict_devices"):
         gpu = device.create_cuda_gpu()
     assert gpu is device.create_cpu_device() is device.get_default_device()

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
+from singa_jax._src.onnx.graph_export import export_graph_op
 from singa_jax._src.onnx.opsets import (DEFAULT_OPSET, MIN_OPSET, RUNTIME_MAX_OPSET, default_opset,
                                        ir_version_for, make_model_at_opset)
 from singa_jax._src.onnx.program import GraphProgram, HostValues
@@ -79,6 +80,11 @@ class _Export:
                                            name=self.unique(name or op_type), **attrs))
         self._shapes = None
         return outs
+
+    def add(self, node: onnx.NodeProto) -> None:
+        """Append a node made elsewhere (its names already this export's)."""
+        self.nodes.append(node)
+        self._shapes = None
 
     def shape(self, name: str) -> Optional[Tuple]:
         """The static shape of value ``name`` (ONNX shape inference over the graph so far)."""
@@ -496,6 +502,7 @@ EXPORTERS: Dict[str, Translator] = {
     "ConstantOfShape": _constant_of_shape,
     "_Conv2d": _conv, "_Pooling2d": _pool, "_BatchNorm2d": _batchnorm,
     "GlobalAveragePool": _global_avg, "Dropout": _dropout, "Embedding": _embedding,
+    "GraphOp": export_graph_op,
     "_LSTMSequence": _lstm_sequence,
 }
 

@@ -135,6 +135,7 @@ class GraphProgram:
     def __init__(self, graph: onnx.GraphProto, opset: int):
         self.opset = opset
         self.name = graph.name
+        self.proto = graph  # what an export of the imported graph writes again
         init = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         self.inputs = [_value_info(v, "graph input") for v in graph.input
                        if v.name not in init]

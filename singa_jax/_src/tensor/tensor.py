@@ -443,9 +443,12 @@ class Tensor(TensorBase):
         _autograd().zero_grad(self)
 
     def __repr__(self) -> str:
+        """SINGA's form: the values as NumPy prints them, then the dtype's name
+        (``[[1. 0.]\n [0. 1.]], float32``); the shape is ``t.shape``, the device
+        ``t.device``. A value being traced (graph mode, ``jax.jit``) prints as such."""
         if isinstance(self._data, jax.core.Tracer):
-            return f"Tensor(traced, shape={self.shape}, dtype={self.dtype})"
-        return f"Tensor({np.asarray(self.array)!r}, device={self.device})"
+            return f"<traced {self.shape}>, {np.dtype(self.dtype).name}"
+        return f"{np.array2string(np.asarray(self.array))}, {np.dtype(self.dtype).name}"
 
     def __hash__(self) -> int:  # Tensors are compared by identity in dicts/sets (like SINGA)
         return id(self)
