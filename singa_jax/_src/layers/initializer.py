@@ -1,18 +1,5 @@
-"""SINGA's ``initializer`` module on JAX: fill a parameter Tensor in place.
-
-Every function rebinds ``t.data`` to a new array of the same shape and dtype on ``t``'s device.
-Random fills draw from ``t.device.next_key()``, so ``device.SetRandSeed`` makes them reproducible
-(and graph mode can thread the key). The fan-based family is made by ``_fan_initializer``, one
-line per initializer: for a weight with fans ``(fan_in, fan_out)`` and ``n`` the fan chosen by
-the initializer,
-
-* ``normal``:  ``N(0, sqrt(scale / n))``
-* ``uniform``: ``U(-sqrt(3 * scale / n), +sqrt(3 * scale / n))``
-
-Fans follow SINGA (Keras' channels-first rule): a 2-D ``(in, out)`` matrix has ``fan_in = in``,
-``fan_out = out``; a conv kernel ``(out_c, in_c, kh, kw, ...)`` has
-``fan_in = in_c * kh * kw``, ``fan_out = out_c * kh * kw``; other ranks use ``sqrt(size)``.
-"""
+"""SINGA's initializers, public in :mod:`singa_jax.initializer` (the distributions and fans
+are described there): each fill rebinds the Tensor's array, drawing from its device's key."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,5 @@
-"""SINGA's ``utils`` module: padding arithmetic for SAME modes, odd-padding helpers, handle
-renewal, topological order of an autograd graph, and a console progress bar."""
+"""SINGA's ``utils`` helpers, public in :mod:`singa_jax.utils`: padding arithmetic for SAME
+modes, odd-padding helpers, handle renewal, a graph's post order and a progress bar."""
 from __future__ import annotations
 
 import collections

@@ -1,31 +1,6 @@
-"""SINGA's ``model`` module: :class:`Model`, a Layer that trains itself.
-
-Usage is SINGA's::
-
-    class MLP(model.Model):
-        def __init__(self):
-            super().__init__()
-            self.fc1, self.relu, self.fc2 = layer.Linear(256), layer.ReLU(), layer.Linear(10)
-            self.loss = layer.SoftMaxCrossEntropy()
-
-        def forward(self, x):
-            return self.fc2(self.relu(self.fc1(x)))
-
-        def train_one_batch(self, x, y):
-            out = self.forward(x)
-            loss = self.loss(out, y)
-            self.optimizer(loss)
-            return out, loss
-
-    m = MLP()
-    m.set_optimizer(opt.SGD(lr=0.05, momentum=0.9))
-    m.compile([placeholder_x], is_train=True, use_graph=True)
-    out, loss = m(x, y)          # training: train_one_batch, one compiled XLA program per step
-    m.eval(); out = m(x)          # evaluation: forward, compiled too
-
-With ``use_graph=True`` (:meth:`compile` or :meth:`graph`) graph mode compiles a call
-into one ``jax.jit`` program; otherwise every operator runs eagerly. Both give the same numbers.
-"""
+"""The ``Model`` class (public as :class:`singa_jax.model.Model`, whose module docstring shows
+its use): compile, train/eval, the call that runs a step eagerly or as graph mode's program,
+its declared state, checkpoints and the functional view."""
 from __future__ import annotations
 
 import contextlib

@@ -1,12 +1,5 @@
-"""SINGA 2.x's ``singa.optimizer``: per-parameter optimizers keyed by parameter name,
-``apply_with_lr(epoch, lr, grad, value, name, step)`` updating ``value`` in place.
-
-The update rules are SINGA 2.x's C++ ones (SGD and Nesterov accumulate ``lr * grad`` in their
-history, so they differ from SINGA 5's ``opt.SGD`` when the learning rate changes); each is one
-cached ``jax.jit`` kernel. New code should use :mod:`singa_jax.opt`. Configuration through
-SINGA's protobuf messages (``CppRegularizer``, ``CppConstraint``, ``ParamSpec`` regularizers)
-is not supported and says which class to use instead.
-"""
+"""SINGA 2.x's per-parameter optimizers and their update rules, public in
+:mod:`singa_jax.optimizer` (see there)."""
 from __future__ import annotations
 
 import math

@@ -1,17 +1,5 @@
-"""SINGA's ``device`` module on JAX.
-
-A :class:`Device` is one ``jax.Device`` plus the PRNG key that every random fill and every dropout
-mask on that device draws from. Devices come from ``jax.local_devices()`` -- this process's own
-devices, so that under several processes (``opt.DistOpt``) every rank creates its Tensors on its
-own devices -- and the same program runs on CPU, GPU or TPU. SINGA's graph-buffering switches
-(``EnableGraph``, ``RunGraph``, ...) are accepted; whole-step compilation is done by
-:mod:`singa_jax._src.graph.runner` instead.
-
-SINGA's ``create_cuda_gpu*()`` give the accelerators JAX has (GPUs or TPU chips). On a host
-without any they fall back to the host's devices with one warning, so SINGA programs run
-unchanged on a laptop; :func:`set_strict_devices` (or ``SINGA_JAX_STRICT_DEVICES=1``) makes
-that an error instead.
-"""
+"""Devices: :class:`Device` (one ``jax.Device`` of this process and its PRNG key) and SINGA's
+device functions, public in :mod:`singa_jax.device` (see there for how devices are chosen)."""
 from __future__ import annotations
 
 import os

@@ -1,17 +1,5 @@
-"""SINGA's ``snapshot`` module: save and load named parameters in SINGA's (pre-3.0) binary
-snapshot format.
-
-SINGA marks this module deprecated in favour of ``Model.save_states``/``load_states``; it is
-here so that snapshots written by older SINGA programs load, and so that those programs run.
-The byte layout is described in :mod:`singa_jax._src.swig.io`.
-
-Example::
-
-    from singa_jax import snapshot
-    sn = snapshot.Snapshot('param', True)      # True: write (param.bin + param.desc)
-    sn.write('w', w)
-    params = snapshot.Snapshot('param', False).read()   # {'w': Tensor}
-"""
+"""SINGA's ``snapshot.Snapshot`` (public in :mod:`singa_jax.snapshot`) over the binary format
+of :mod:`.io`."""
 from __future__ import annotations
 
 from typing import Dict, Union
