@@ -23,6 +23,7 @@ _shutdown.install()
 _compilation_cache.use()
 
 from singa_jax import device, tensor, autograd  # noqa: F401,E402
+from singa_jax._src import debug as _debug  # noqa: F401,E402  (time profiling and the tools)
 
 if _typing.TYPE_CHECKING:
     from singa_jax import run

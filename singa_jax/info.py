@@ -4,7 +4,8 @@ Prints, as aligned ``name: value`` lines in short sections, the versions of sing
 JAX, jaxlib, NumPy and the optional packages singa_jax uses; the operating system; JAX's
 backends with every local device (and its memory, where the backend reports it); the float32
 matmul precision in force and what it computes in on each backend; the persistent compilation
-cache folder; and the environment variables that change how JAX, XLA or singa_jax behave.
+cache folder; every singa_jax switch (its value, or its default when unset); and the environment
+variables that change how JAX, XLA or singa_jax behave.
 
 Nothing here may fail: a backend that cannot start (``JAX_PLATFORMS=cuda`` without a GPU, a
 broken plugin) is reported as its error line, since that is exactly when a report is wanted.
@@ -226,6 +227,14 @@ def _environment(environ: Optional[dict] = None) -> List[Row]:
                   if k.startswith(ENV_PREFIXES) or k in ENV_NAMES)
 
 
+def _switches() -> List[Row]:
+    try:
+        from singa_jax._src.base.switches import in_force
+        return in_force()
+    except Exception as e:
+        return [("switches", _error(e))]
+
+
 def report() -> str:
     """The report as text: sections of aligned ``name: value`` lines. Never raises for a
     backend that fails to start (its error is a line of the report)."""
@@ -237,6 +246,7 @@ def report() -> str:
         ("float32 matmul precision", _precision(first_devices)),
         ("Persistent compilation cache", _compilation_cache()),
         ("Environment", _environment() or [("none set", "")]),
+        ("singa_jax switches", _switches()),
     ]
     return "\n\n".join(_section(title, rows) for title, rows in sections)
 

@@ -80,6 +80,9 @@ from singa_jax._src.ops.loss import (
     ranking_loss as ranking_loss)
 from singa_jax._src.ops.torch_style import grad as grad
 from singa_jax._src.autodiff.autocast import autocast as autocast
+from singa_jax._src.debug.anomaly import (
+    AnomalyError as AnomalyError, detect_anomaly as detect_anomaly,
+    is_anomaly_enabled as is_anomaly_enabled)
 from singa_jax._src.layers.legacy import (
     AvgPool1d as AvgPool1d, AvgPool2d as AvgPool2d, BatchNorm2d as BatchNorm2d, Conv2d as Conv2d,
     LSTM as LSTM, Layer as Layer, Linear as Linear, MaxPool1d as MaxPool1d, MaxPool2d as MaxPool2d,
@@ -119,7 +122,8 @@ __all__ = [
     "mse_loss", "RankingLoss", "ranking_loss", "grad", "no_grad", "enable_grad",
     "set_grad_enabled", "is_grad_enabled", "autocast", "AvgPool1d", "AvgPool2d",
     "BatchNorm2d", "Conv2d", "LSTM", "Layer", "Linear", "MaxPool1d", "MaxPool2d", "Pooling2d",
-    "RNN", "RNN_Base", "SeparableConv2d", "cast"]
+    "RNN", "RNN_Base", "SeparableConv2d", "cast", "detect_anomaly", "is_anomaly_enabled",
+    "AnomalyError"]
 
 _publish(__name__, __all__)
 

@@ -161,13 +161,13 @@ def test_a_changed_shape_takes_another_branch_of_the_sequence_tree(monkeypatch):
 @pytest.fixture
 def replays_counted(monkeypatch):
     counts = {"replays": 0}
-    replay_kernel = fused._replay
+    replay_kernel = fused.fused_backward_walk
 
     def counting(*args):
         counts["replays"] += 1
         return replay_kernel(*args)
 
-    monkeypatch.setattr(fused, "_replay", counting)
+    monkeypatch.setattr(fused, "fused_backward_walk", counting)
     return counts
 
 

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("training_mode")
 def counted(monkeypatch) -> Dict[str, int]:
     """Counts replay kernels run and operators' backwards called one by one."""
     counts = {"replays": 0, "op backwards": 0}
-    replay, do_backward = fused._replay, operator_mod.Operator._do_backward
+    replay, do_backward = fused.fused_backward_walk, operator_mod.Operator._do_backward
 
     def counting_replay(*args):
         counts["replays"] += 1
@@ -41,7 +41,7 @@ def counted(monkeypatch) -> Dict[str, int]:
         counts["op backwards"] += 1
         return do_backward(self, *dys)
 
-    monkeypatch.setattr(fused, "_replay", counting_replay)
+    monkeypatch.setattr(fused, "fused_backward_walk", counting_replay)
     monkeypatch.setattr(operator_mod.Operator, "_do_backward", counting_do_backward)
     monkeypatch.setattr(fused, "_seen_plans", {})
     monkeypatch.setattr(fused, "_known_shapes", {})
@@ -167,12 +167,12 @@ def test_eager_training_steps_walk_as_one_kernel_from_the_second(optimizer, coun
     from singa_jax import opt
     a = _arrays()
     ends, walked = [], []
-    for fused in (False, True):
+    for fuse in (False, True):
         params = _params(a)
         o = opt.SGD(lr=0.1, momentum=0.9) if optimizer == "SGD" else opt.Adam(lr=0.01)
         losses = []
         before = counted["op backwards"]
-        with autograd.fused_backward(fused):
+        with autograd.fused_backward(fuse):
             for _ in range(5):
                 loss = _loss(a, params)
                 o(loss)
@@ -238,8 +238,8 @@ def test_pytorch_style_walks_free_the_graph_when_fused(counted):
 def test_wanted_intermediates_match_the_op_by_op_walk(counted):
     a = _arrays()
     results = []
-    for fused in (False, True, True):
-        with autograd.fused_backward(fused):
+    for fuse in (False, True, True):
+        with autograd.fused_backward(fuse):
             t = tensor.tensor(a["x"], requires_grad=True)
             w = tensor.tensor(a["w"], requires_grad=True)
             mid = autograd.tanh(autograd.matmul(t, w))
@@ -347,11 +347,11 @@ def test_a_fused_walk_on_another_device_stays_there(counted):
     second = device.create_cpu_devices(2)[1]
     a = _arrays()
     ends = []
-    for fused in (False, True):
+    for fuse in (False, True):
         w = Tensor(data=a["w"], device=second, stores_grad=True, name="w")
         x = Tensor(data=a["x"], device=second)
         sgd = opt.SGD(lr=0.1)
-        with autograd.fused_backward(fused):
+        with autograd.fused_backward(fuse):
             for _ in range(4):
                 sgd(autograd.reduce_mean(autograd.tanh(autograd.matmul(x, w))))
         assert w.device is second and w.array.devices() == {second.jax_device}

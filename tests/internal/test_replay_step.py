@@ -37,7 +37,7 @@ def test_a_recurring_training_step_is_one_program_without_residuals_or_gradients
     assert after["replayed"] - before["replayed"] == 1
     assert after["op_by_op"] == before["op_by_op"]
     calls, live, outputs = compiled[-1]
-    assert fused._replay in calls and update.recorded_update_kernel in calls
+    assert fused.fused_backward_walk in calls and update.recorded_update_kernel in calls
     assert calls[-1] is update.advance_unless_skipped  # the optimizer's step() too
     # what it returns: the parameters, slots and buffers it rebinds (the step counter
     # included), the guard's state and the call's two results -- no residual, no gradient
@@ -347,13 +347,13 @@ def test_a_forked_child_launches_from_a_thread_of_its_own(tmp_path):
         "warnings.simplefilter('ignore')\n"
         "import jax.numpy as jnp\n"
         "from singa_jax._src.backend import xla_options\n"
-        "from singa_jax._src.eager import replay\n"
+        "from singa_jax._src.eager import launcher\n"
         "program = xla_options.kernel(lambda a: a + 1)\n"
         "x = jnp.arange(3.0)\n"
-        "assert float(replay._launch_in_thread(program, [x]).result(timeout=60)[0]) == 1.0\n"
+        "assert float(launcher.launch_in_thread(program, [x]).result(timeout=60)[0]) == 1.0\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
-        "    out = replay._launch_in_thread(program, [x]).result(timeout=60)\n"
+        "    out = launcher.launch_in_thread(program, [x]).result(timeout=60)\n"
         "    os._exit(0 if float(out[2]) == 3.0 else 3)\n"
         "_, status = os.waitpid(pid, 0)\n"
         "print('child', os.waitstatus_to_exitcode(status))\n")

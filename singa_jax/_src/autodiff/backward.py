@@ -12,6 +12,7 @@ operator raises RuntimeError.
 from __future__ import annotations
 
 import numbers
+from functools import partial
 from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import jax
@@ -22,6 +23,7 @@ from singa_jax._src.autodiff.kernels import fill_like
 from singa_jax._src.autodiff.operator import Operator
 from singa_jax._src.autodiff.walk import walk
 from singa_jax._src.backend import gc_tuning
+from singa_jax._src.base import observe
 from singa_jax._src.base.dtypes import is_inexact
 from singa_jax._src.base.node import Node
 from singa_jax._src.eager import replay
@@ -129,13 +131,19 @@ def _backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool
     def run(op: Operator, dys: list) -> Tuple[Any, ...]:
         if given is not None and op is given[0].creator:
             dys = [root_dy if d is given[1] else d for d in dys]
-        dxs = op._do_backward(*dys)
+        if observe.on:  # (a profiler, anomaly detection, a trace naming backward ops)
+            dxs = observe.backward_call(op, partial(op._do_backward, *dys))
+        else:
+            dxs = op._do_backward(*dys)
         if not retain_graph:
             op.release()
             op.freed = True
         return dxs
 
-    for x, g, name in walk(roots, wanted, run):
+    walked = walk(roots, wanted, run)
+    if observe.on and observe.whole_walks():  # every gradient checked before the first goes
+        walked = list(walked)
+    for x, g, name in walked:
         yield x, g, name, None
 
 

@@ -27,7 +27,7 @@ from singa_jax._src.base.node import Dummy, Node
 from singa_jax._src.eager import replay
 from singa_jax._src.tensor.tensor import Tensor
 
-__all__ = ["fused_walk", "FUSED_WALK_MAX_OPS", "FUSED_WALK_MAX_SMALL_OPS", "FUSED_WALK_SMALL_OP"]
+__all__ = ["fused_walk", "fused_backward_walk", "FUSED_WALK_MAX_OPS", "FUSED_WALK_MAX_SMALL_OPS", "FUSED_WALK_SMALL_OP"]
 
 # Eagerly every operator's pullback is its own kernel call, and every sum of two gradients a
 # jnp call: a small model's backward pays a dispatch per op. A walk is a fixed recipe once its
@@ -161,7 +161,8 @@ def fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int
     leaves = [leaf for state in states for leaf in state]
     sizes = tuple([len(state) for state in states])
     at = device if record and replay.pending(device) else None
-    values = replay.run(_replay, (plan_id, sizes), leaves + [g for _, g in roots], at)
+    values = replay.run(fused_backward_walk, (plan_id, sizes), leaves + [g for _, g in roots],
+                        at)
     if at is not None:
         replay.soften(leaves)
     return ops, [(x, v, name) for (x, _, name), v in zip(yields, values)]
@@ -301,7 +302,7 @@ def _apply_pullback(vjp: Callable, cotangents: Any) -> Any:
 
 
 @partial(kernel, static_argnums=(0, 1))
-def _replay(plan_id: int, sizes: Tuple[int, ...], *leaves: jax.Array) -> list:
+def fused_backward_walk(plan_id: int, sizes: Tuple[int, ...], *leaves: jax.Array) -> list:
     """Plan ``plan_id`` (its steps and outputs in ``_plan_table``: the id keeps the kernel's
     cache key short) run on the pullback states -- the first ``sum(sizes)`` of ``leaves``,
     ``sizes[k]`` for the k-th operator -- from the roots' gradients (the rest). Flat leaves, so

@@ -31,7 +31,7 @@ from singa_jax._src.autodiff.kernels import (FLAT, forward_kernel, forward_vjp_k
                                              kept_pullback, op_error, split_state, store_writes)
 from singa_jax._src.autodiff.operator import next_name
 from singa_jax._src.autodiff.residuals import Residuals
-from singa_jax._src.base import process_state
+from singa_jax._src.base import observe, process_state
 from singa_jax._src.base.env import flag
 from singa_jax._src.base.modes import autocast_dtype, is_grad_enabled, is_training
 from singa_jax._src.base.node import Dummy
@@ -171,7 +171,7 @@ def kind_call(holder: Optional[Dict[Hashable, Any]], key: Hashable, make: Callab
     generic path, which leaves the recipe of this call. ``holder`` (a handle's or the op
     table's dict; None: the generic path only) keeps one recipe per key and modes (grad,
     training, autocast)."""
-    if holder is None or not ENABLED:
+    if holder is None or not ENABLED or observe.on:  # (observers watch the engine's door)
         return make()(*xs)[0]
     # one recipe per mode too: a training loop's evaluation in between (or PyTorch-style
     # no_grad) leaves the training call's recipe in place

@@ -43,15 +43,14 @@ training step's forward, fused backward walk and update), keeping eager semantic
 ``autograd.eager_replay(False)`` (a scope or decorator) or ``SINGA_JAX_EAGER_REPLAY=0`` runs
 every operator at once, op by op; ``autograd.replay_speculation(False)`` (a scope or decorator)
 or ``SINGA_JAX_REPLAY_SPECULATE=0`` turns speculation off. Results equal op-by-op execution up
-to XLA's fusion rounding (identical float32 results on the CPU in the tests). This module knows no operators: callers hand
-it a kernel ``call`` and its static arguments.
+to XLA's fusion rounding (identical float32 results on the CPU in the tests). This module knows
+no operators: callers hand it a kernel ``call`` and its static arguments.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import math
 import operator
-import os
 import sys
 import threading
 from weakref import ref as _weakref
@@ -65,7 +64,8 @@ except ImportError:  # another JAX layout: nothing is recorded (every op runs at
     class ArrayImpl:  # type: ignore[no-redef]
         pass
 
-from singa_jax._src.base import process_state
+from singa_jax._src.base import observe, process_state
+from singa_jax._src.eager.launcher import launch_in_thread
 from singa_jax._src.base.env import flag
 from singa_jax._src.base.modes import (current_trace_hook, in_compile_time_eval, is_eager_replay,
                                        is_grad_enabled, is_replay_speculating, is_training)
@@ -120,7 +120,12 @@ class Deferred:
         """The array (flushing the segment that computes it if it has not run; a soft value
         its segment's program did not return is recomputed)."""
         if self.value is None:
-            self.segment.flush()
+            segment = self.segment
+            if not segment.done:  # a value needed before its step ended: the segment ends here
+                _stats["reads"] += 1
+                if observe.on:
+                    observe.segment_ended(len(segment.calls), "read")
+            segment.flush()
             if self.value is None:
                 self.value = self.segment.recompute()[self.index]
         return self.value
@@ -170,7 +175,7 @@ class _Segment:
     """The pending kernel calls of one thread on one device."""
 
     __slots__ = ("device", "limit", "calls", "step", "externals", "leaves", "tensors", "bound",
-                 "done", "soft", "recomputed", "arguments", "spec")
+                 "done", "soft", "recomputed", "arguments", "spec", "names")
 
     def __init__(self, device: Any):
         self.device = device
@@ -196,6 +201,9 @@ class _Segment:
         # the program run ahead on predicted inputs (see _speculate): (plan, inputs, outputs)
         self.arguments, _local.arguments = _local.arguments, ()
         self.spec: Optional[Tuple["_Plan", List[Any], Any]] = None
+        # {call index: "layer path/Operator"} of the calls recorded while observed: its
+        # program names them (a profile of the replayed step shows the Layers and operators)
+        self.names: Optional[Dict[int, str]] = None
 
     def flush(self, full: bool = False) -> None:
         """Run the recorded calls and rebind the Tensors holding their outputs; ``full``: the
@@ -247,7 +255,7 @@ class _Segment:
                     leaves[i].value = v
                 values = ()
         if values is None:
-            values = _op_by_op(self.calls, self.externals)
+            values = _op_by_op(self.calls, self.externals, self.names)
             _stats["op_by_op"] += 1
         for d, v in zip(leaves, values):
             d.value = v
@@ -262,6 +270,7 @@ class _Segment:
         if not (self.soft and any([d.value is None for d in leaves if d.soft])):
             self.calls = self.externals = ()
         self.tensors = self.bound = self.leaves = self.arguments = ()
+        self.names = None
 
     def recompute(self) -> List[jax.Array]:
         """Every output of the flushed segment, run op by op from its inputs again: for a soft
@@ -407,69 +416,13 @@ def _speculate(segment: _Segment, plan: _Plan) -> None:
                 return
         predicted.append(v)
     if launches_in_thread(getattr(segment.device, "platform", "cpu")):
-        outputs = _launch_in_thread(program, predicted)
+        outputs = launch_in_thread(program, predicted)
     else:
         try:
             outputs = program(*predicted)
         except Exception:  # noqa: BLE001  (e.g. a predicted array deleted since: none run)
             return
     segment.spec = (plan, predicted, outputs)
-
-
-_launcher: Optional[concurrent.futures.ThreadPoolExecutor] = None
-_launcher_lock = threading.Lock()
-
-
-def _forget_launcher() -> None:
-    global _launcher, _launcher_lock
-    _launcher, _launcher_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):  # a forked child has no launching thread: it makes its own
-    os.register_at_fork(after_in_child=_forget_launcher)
-
-
-def _launch_in_thread(program: Callable, inputs: List[Any]) -> concurrent.futures.Future:
-    """``program(*inputs)`` called from replay's launching thread (see
-    ``xla_options.LAUNCHES_IN_THREAD``): a Future of its outputs, or of None where that thread
-    would not run the very executable this one would (another JAX context: e.g. a matmul
-    precision scope) or the call failed."""
-    global _launcher
-    if _launcher is None:
-        with _launcher_lock:
-            if _launcher is None:
-                _launcher = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="singa_jax-replay-launch")
-    # The launching thread needs the GIL to start the call (and to return from it), which the
-    # recording thread hands over only every switch interval (5 ms by default): shortened
-    # while a launch is pending.
-    interval = sys.getswitchinterval()
-    if interval > _LAUNCH_SWITCH_INTERVAL:
-        sys.setswitchinterval(_LAUNCH_SWITCH_INTERVAL)
-    return _launcher.submit(_launch, program.jitted_now(), _jax_context(), inputs, interval)
-
-
-_LAUNCH_SWITCH_INTERVAL = 0.0002  # seconds
-
-
-def _launch(jitted: Callable, context: Any, inputs: List[Any], interval: float
-            ) -> Optional[Any]:
-    try:
-        if context is None or _jax_context() != context:
-            return None
-        return jitted(*inputs)
-    except Exception:  # noqa: BLE001  (e.g. a predicted array deleted since: none run)
-        return None
-    finally:
-        if interval > _LAUNCH_SWITCH_INTERVAL:
-            sys.setswitchinterval(interval)
-
-
-try:  # the thread's JAX settings that key jit's executables
-    from jax._src.config import trace_context as _jax_context
-except ImportError:  # (another JAX layout: never launched from the thread)
-    def _jax_context() -> Any:
-        return None
 
 
 def _speculated(segment: _Segment, live: Optional[Tuple[int, ...]]) -> Optional[List[Any]]:
@@ -585,7 +538,7 @@ def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]
 
 
 _stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0, "recomputed": 0,
-          "speculated": 0, "mispredicted": 0}
+          "speculated": 0, "mispredicted": 0, "reads": 0}
 
 
 class _Local(threading.local):
@@ -625,12 +578,17 @@ def active() -> bool:
             and not in_compile_time_eval() and no_trace_running())
 
 
-def _op_by_op(calls: Sequence[Tuple], externals: Sequence[jax.Array]) -> List[jax.Array]:
+def _op_by_op(calls: Sequence[Tuple], externals: Sequence[jax.Array],
+              names: Optional[Dict[int, str]] = None) -> List[jax.Array]:
     values: List[jax.Array] = []
     outside = iter(externals)
-    for call, statics, inputs in calls:
+    for i, (call, statics, inputs) in enumerate(calls):
         args = [values[r] if type(r) is int else next(outside) for r in inputs]
-        values.extend(jax.tree_util.tree_leaves(call(*statics, *args)))
+        if names and i in names:  # (an observed run: the call's Layer and operator, as a
+            with jax.named_scope(names[i]), observe.labelled(names[i]):  # scope when traced)
+                values.extend(jax.tree_util.tree_leaves(call(*statics, *args)))
+        else:
+            values.extend(jax.tree_util.tree_leaves(call(*statics, *args)))
     return values
 
 
@@ -638,15 +596,18 @@ def _compile(segment: _Segment, live: Optional[Tuple[int, ...]]) -> Any:
     """The segment's kernels as one jitted program of its external inputs, returning the output
     leaves numbered in ``live`` (every output leaf of every kernel, in order, for None)."""
     calls = list(segment.calls)
+    names = dict(segment.names) if segment.names else None
 
-    def program(*externals):
-        values = _op_by_op(calls, externals)
+    def eager_replay_segment(*externals):
+        values = _op_by_op(calls, externals, names)
         return values if live is None else [values[i] for i in live]
 
+    observe.compile_cause("eager replay", f"a sequence of {len(calls)} kernels",
+                          f"the sequence recurred ({COMPILE_ON} times)")
     _stats["compiled"] += 1
     # (compiled as every eager kernel is: a recorded walk's convolution gradients then run
     # in the same forms as op by op)
-    return kernel(program)
+    return kernel(eager_replay_segment)
 
 
 def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any:
@@ -705,6 +666,8 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
     # the node's own key (the one just built for the lookup is dropped: less for the GC)
     segment.calls.append(step.key)
     segment.step = step
+    if observe.on:
+        _name_call(segment)
     _stats["recorded"] += 1
     if step.speculate is not None and segment.spec is None and is_replay_speculating() and \
             segment.limit == MAX_RECORDS:  # (a piece runs while the next is recorded already)
@@ -712,6 +675,15 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
     if len(segment.calls) >= segment.limit:
         segment.flush(full=True)
     return out
+
+
+def _name_call(segment: _Segment) -> None:
+    """Remember the Layer and operator of the call just recorded (an observed run)."""
+    op = observe.current_op()
+    if op is not None:
+        if segment.names is None:
+            segment.names = {}
+        segment.names[len(segment.calls) - 1] = observe.op_label(op)
 
 
 def bind(tensor: Any, value: Deferred) -> None:
@@ -782,5 +754,7 @@ def resolve_tree(tree: Any) -> Any:
 
 def stats() -> Dict[str, int]:
     """Counters since start: kernel calls recorded, segments replayed by a compiled program or
-    run op by op, programs compiled, flushed segments rerun for a soft output (recomputed)."""
+    run op by op, programs compiled, flushed segments rerun for a soft output (recomputed),
+    programs started ahead on predicted inputs (speculated, mispredicted), and segments a
+    value read before their step ended (reads)."""
     return dict(_stats)

@@ -69,10 +69,11 @@ from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Sequ
 import jax
 import numpy as np
 
-from singa_jax._src.base import checks
+from singa_jax._src.base import checks, observe
 from singa_jax._src.backend import tiers as graph_tiers
 from singa_jax._src.runtime import device as device_mod
 from singa_jax._src.base.node import Dummy
+from singa_jax._src.graph.compile_cause import describe
 from singa_jax._src.graph.recorder import Recorder
 from singa_jax._src.graph.layout import (Layout, StepLowering, avals_of, birth_values, buffer_id,
                                          build_result, copy_shared, rebuild_leaves, result_outputs,
@@ -98,6 +99,8 @@ _PROGRAMS_PER_CALL = 4
 
 # After this many consecutive one-off programs of a method, warn that every call compiles.
 _ONE_OFFS_BEFORE_WARNING = 5
+# After this many Model calls in a row that each compiled a new program of the same method
+_COMPILES_BEFORE_WARNING = 5
 
 class GraphModeError(TypeError):
     """The step cannot be compiled as one program (it branches on a tensor's value)."""
@@ -219,6 +222,10 @@ class GraphRunner:
         self._declared_ids: Tuple[Any, Tuple[int, ...]] = (None, ())
         self._last: Tuple[Any, Any] = (None, None)  # (key, program) of the last compiled call
         self._one_offs: Dict[str, int] = {}  # consecutive non-cacheable traces, per method
+        # per method: the key of its last traced call, and (Model step of its last compile,
+        # compiles on consecutive steps) -- a loop that compiles every step is told
+        self._last_keys: Dict[str, Tuple] = {}
+        self._compiled_at: Dict[str, Tuple[int, int]] = {}
         # the last compiled program of each "Owner.method", as export() lowers it again
         self._lowerings: Dict[str, StepLowering] = {}
         self._unused_provisional: List[Tensor] = []
@@ -323,8 +330,14 @@ class GraphRunner:
         leaves, arg_tree, arrays, key = self._call_key(name, args, kwargs, declared_state,
                                                        training, static)
         state = self._state_list(declared_state)
-        prog = self._trace(fn, f"{self.owner_name}.{name}", leaves, arg_tree, arrays, state,
+        where = f"{self.owner_name}.{name}"
+        cause = describe(self._last_keys.get(name), key, where)
+        self._last_keys[name] = key
+        observe.compile_cause("graph step", where, cause)  # (for the compile's report)
+        prog = self._trace(fn, where, leaves, arg_tree, arrays, state,
                            device_mod.all_devices(), dry=dry)
+        if not dry:
+            self._count_compile(name, where, cause)
         if provisional:  # (run and prepare have emptied _unused_provisional)
             used = {id(t) for t in [*prog.donated, *prog.read, *prog.written, *prog.extra_out]}
             self._unused_provisional = [t for t in provisional if id(t) not in used]
@@ -388,6 +401,21 @@ class GraphRunner:
                 f"each call compiled a new program (Tensors such as {kept} are created and kept "
                 f"by every step). Keep step state in Tensors that persist and rebind their "
                 f".data, or run eagerly with model.graph(False).", RuntimeWarning, stacklevel=4)
+
+    def _count_compile(self, name: str, where: str, cause: str) -> None:
+        """Warn (once per method) when the method compiled on each of its last few Model
+        calls: the step recompiles every time, typically because its input shapes change."""
+        at, run = self._compiled_at.get(name, (-2, 0))
+        step = observe.steps
+        run = run + 1 if step - at == 1 else 1
+        self._compiled_at[name] = (step, run)
+        if run == _COMPILES_BEFORE_WARNING:
+            warnings.warn(
+                f"graph mode: {where} compiled a new program on each of its last {run} calls; "
+                f"the last because of: {cause}. A step whose inputs change shape every call "
+                f"compiles every call: pad batches to one shape (or drop the last, smaller "
+                f"batch), or run this model eagerly with model.graph(False).",
+                RuntimeWarning, stacklevel=observe.user_stacklevel())
 
     # -- state -------------------------------------------------------------------------------
     def _state_ids(self, declared: Sequence[Tensor]) -> Tuple[int, ...]:
@@ -480,10 +508,14 @@ class GraphRunner:
 
         start = time.perf_counter()
         try:
-            if spmd is None:
-                closed = jax.jit(step).trace(originals, original_keys, batch_arrays).jaxpr
-            else:
-                closed = spmd.trace(step, where, state, originals, original_keys, batch_arrays)
+            # the Layers' paths and the operators' names as named scopes: a profile of the
+            # step shows them (compiled into the program's metadata, they cost nothing per step)
+            with observe.naming():
+                if spmd is None:
+                    closed = jax.jit(step).trace(originals, original_keys, batch_arrays).jaxpr
+                else:
+                    closed = spmd.trace(step, where, state, originals, original_keys,
+                                        batch_arrays)
             alive = record["alive"]
             new_state = [t for t in record["read"] if id(t) not in state_ids] + record["extra"]
             births = None
@@ -557,7 +589,7 @@ class GraphRunner:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
             if spmd is None:
-                lowered = jax.jit(layout.program, donate_argnums=0).lower(
+                lowered = jax.jit(_named(layout.program, "graph_step"), donate_argnums=0).lower(
                     donated_arrays, read_arrays, batch_arrays)
                 options = options_for(lowered)
                 tiers = None if one_off else graph_tiers.plan(
@@ -575,6 +607,7 @@ class GraphRunner:
             else:
                 compiled = spmd.compile(layout.program, donated_arrays, read_arrays,
                                         batch_arrays, options_for, layout.donated, layout.read)
+        observe.notify("compiled", where, compiled)  # (its memory analysis, for debug.stats)
         self._lowerings[where] = StepLowering.of(layout.program if spmd is None else None,
                                                  where, donated_arrays, read_arrays,
                                                  batch_arrays)
@@ -641,6 +674,8 @@ class GraphRunner:
         read = [*map(_array_of, prog.read), *map(_key_of, prog.read_devices)]
         _copy_shared(donated)
         unalias(donated, read + batch, id)
+        if observe.on:  # (a profiler reads which program ran: its metadata names the ops)
+            observe.program_ran("graph", prog.compiled)
         try:
             outputs = prog.compiled(donated, read, batch)
         except TypeError:
@@ -671,6 +706,15 @@ class GraphRunner:
             if prog.pending is not None and not prog.pending.started:
                 prog.pending.start(after=[*res_arrays, *new_state])  # the quick run's end
         return build_result(prog.result_kinds, prog.result_tree, res_arrays)
+
+
+def _named(fn: Callable, name: str) -> Callable:
+    """``fn`` under the name ``name`` (the name of its compiled program: what profiles show and
+    what a compilation is reported as)."""
+    def program(*args: Any) -> Any:
+        return fn(*args)
+    program.__name__ = program.__qualname__ = name
+    return program
 
 
 def _restore(state: List[Tensor], arrays: list, devices: List[device_mod.Device],

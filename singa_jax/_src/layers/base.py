@@ -26,12 +26,13 @@ import contextvars
 import warnings
 import weakref
 from collections.abc import Mapping
-from functools import wraps
+from functools import partial, wraps
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import jax.numpy as jnp
 import numpy as np
 
+from singa_jax._src.base import observe
 from singa_jax._src.base.modes import autocast_dtype, compile_time_eval, parameter_initialization
 from singa_jax._src.tensor.tensor import Tensor
 
@@ -133,6 +134,8 @@ class LayerMeta(type):
 
         @wraps(func)
         def wrapper(self, *args, **kwargs):
+            if observe.on and not observe.in_layer(self):  # (a profiler, a trace naming layers)
+                return observe.layer_call(self, partial(wrapper, self, *args, **kwargs))
             x = args[0] if args else None
             if type(x) is not Tensor:  # (a list of Tensors, a keyword input, a subclass)
                 x = _first_tensor_in(args)

@@ -4,14 +4,14 @@ its declared state, checkpoints and the functional view."""
 from __future__ import annotations
 
 import contextlib
-from functools import wraps
+from functools import partial, wraps
 from types import MethodType
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import jax
 
 from singa_jax._src.model import checkpoint
-from singa_jax._src.base import checks, modes
+from singa_jax._src.base import checks, modes, observe
 from singa_jax._src.eager import replay
 from singa_jax._src.autodiff.autocast import compute_dtype
 from singa_jax._src.graph.runner import NOT_CACHED, GraphModeError, GraphRunner, ProgramNotKept
@@ -83,6 +83,7 @@ class Model(Layer, metaclass=ModelMeta):
     STATES_ATTR_FILENAME = "/" + checkpoint.STATES_ATTR_FILENAME
     MODEL_STATE_TYPE = checkpoint.MODEL_STATE_TYPE
     AUX_STATE_TYPE = checkpoint.AUX_STATE_TYPE
+    _scope_is_model = True  # a root model adds no scope to its layers' names in traces
 
     def __init__(self):
         super().__init__()
@@ -262,6 +263,11 @@ class Model(Layer, metaclass=ModelMeta):
         (whatever other threads set), compiled when ``graph``, and as a transaction -- if it
         raises, every parameter, buffer, optimizer state and device key is what it was before
         (see the graph package's transaction). ``compile_only``: see :meth:`compile_step`."""
+        if observe.on and not compile_only and not observe.inside("step"):
+            graph = graph and not observe.eager_steps()  # (anomaly detection checks each op)
+            return observe.step_call(self, name, args,
+                                     partial(self._step, fn, name, args, kwargs, graph))
+        observe.steps += 1  # (a loop that compiles on every step is told, see debug)
         if self._autocast is not None:  # the whole call, graph mode's key included
             with modes.autocast_mode(self._autocast):
                 return self._run_step(fn, name, args, kwargs, graph, compile_only)

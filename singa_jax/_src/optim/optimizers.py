@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import weakref
+from functools import partial
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from singa_jax._src.autodiff.backward import backward as _backward
+from singa_jax._src.base import observe
 from singa_jax._src.runtime.device import Device
 from singa_jax._src.base.dtypes import is_inexact
 from singa_jax._src.base.modes import autocast_dtype, current_trace_hook
@@ -312,6 +314,8 @@ class Optimizer(SkipReports):
                    loss: Optional[Tensor] = None) -> None:
         """Update every ``(param, grad)``: one fused kernel, or a user subclass's ``apply``.
         ``loss`` (when known) is checked for NaN/inf along with the gradients."""
+        if observe.on and not observe.inside("update"):  # (a profiler, a trace naming it)
+            return observe.update_call(self, partial(self._apply_all, pairs, loss))
         if self._uses_fused_update():
             self._update_pairs([(param_name(p), p, g) for p, g in pairs], loss)
         else:
@@ -525,6 +529,8 @@ class Optimizer(SkipReports):
         the step's forward, walk and update then run as one program when it recurs."""
         if not triples:
             return
+        if observe.on and not observe.inside("update"):
+            return observe.update_call(self, partial(self._update_pairs, triples, loss))
         recording = recording_device(self, triples)
         if recording is None:
             replay.flush()  # the arrays are read directly below: nothing may be pending

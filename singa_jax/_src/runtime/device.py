@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from singa_jax._src.base import process_state
+from singa_jax._src.base import observe, process_state
 from singa_jax._src.base import host_prng
 from singa_jax._src.base.modes import in_compile_time_eval, in_parameter_initialization, traced_keys
 
@@ -25,6 +25,19 @@ __all__ = [
 
 STRICT_ENV = "SINGA_JAX_STRICT_DEVICES"   # "1": create_cuda_gpu*() raise without accelerators
 FALLBACK_ENV = "SINGA_JAX_CUDA_FALLBACK"  # "1" (set by singa_jax.run): always fall back
+
+
+def _profiling_setting(method: str, what: str, value: Any, bounds: Tuple[int, Any]) -> int:
+    """``value`` as the int a time-profiling setting takes, or a TypeError/ValueError naming
+    ``method``, the value and what it expects (nothing is set then)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"Device.{method}: {what} must be an int, got {type(value).__name__} "
+                        f"{value!r}")
+    low, high = bounds
+    if value < low or (high is not None and value > high):
+        expected = f"{low} to {high}" if high is not None else f">= {low}"
+        raise ValueError(f"Device.{method}: {what} must be {expected}, got {value}")
+    return int(value)
 
 
 class Device:
@@ -130,13 +143,35 @@ class Device:
         self.Sync()
 
     def SetVerbosity(self, verbosity: int) -> None:
-        self._verbosity = int(verbosity)
+        """SINGA's time profiling of the training steps on this device: 0 (default) off, 1
+        forward, backward and update time per step, 2 the time of each operation, 3 of each
+        distributed operation; printed by :meth:`PrintTimeProfiling`. The times are the
+        device's, read from ``jax.profiler``; see the observability page of the docs."""
+        verbosity = _profiling_setting("SetVerbosity", "verbosity", verbosity, (0, 3))
+        self._verbosity = verbosity
+        observe.notify("verbosity", self)
 
     def SetSkipIteration(self, skip: int) -> None:
-        self._skip_iteration = int(skip)
+        """Leave the first ``skip`` training steps (default 5: compilation, warm-up) out of
+        the time profile."""
+        self._skip_iteration = _profiling_setting("SetSkipIteration", "skip", skip, (0, None))
+
+    def verbosity(self) -> int:
+        return self._verbosity
+
+    def skip_iteration(self) -> int:
+        return self._skip_iteration
 
     def PrintTimeProfiling(self) -> None:
-        print(f"{self}: per-op time profiling is done with jax.profiler on XLA backends")
+        """Print the time profile of the steps profiled so far in SINGA's format."""
+        print(observe.tool("time profiling").report(self), end="")
+
+    def time_profile(self) -> Dict[str, Any]:
+        """The time profile as a dict (a singa_jax extension): ``iterations`` profiled and
+        ``skipped``, ``mode`` (``"eager"`` or ``"graph"``: a switch of mode starts the profile
+        again), ``forward``/``backward``/``update``/``other`` seconds per step, ``ops`` as
+        ``[(name, seconds per step), ...]`` in execution order, and ``source``."""
+        return observe.tool("time profiling").profile(self)
 
     def lang(self) -> str:
         return self.platform
