@@ -36,12 +36,14 @@ ALLOWED: Dict[str, Set[str]] = {
              "optim", "graph", "dist", "model"},
     "debug": {"base", "backend", "runtime", "eager", "tensor", "autodiff", "ops", "layers",
               "optim", "graph", "dist", "model"},
+    "persist": {"base", "backend", "runtime", "eager", "tensor", "autodiff", "ops", "layers",
+                "optim", "graph", "dist", "model", "data"},
 }
 # SINGA's modules, the older ones SINGA still ships, singa_jax's public extensions and the
 # ``python -m`` entry points: the only names at the top of the package
 PUBLIC = {"autograd", "data", "device", "initializer", "layer", "model", "opt", "snapshot",
           "sonnx", "tensor", "utils", "singa_wrap", "module", "optimizer", "precision",
-          "debug"}
+          "debug", "checkpoint"}
 ENTRY_POINTS = {"run", "info"}
 MAX_LINES, MAX_PUBLIC_LINES = 800, 150
 

@@ -7,8 +7,9 @@ so ``autograd.training = True`` works as in SINGA while :func:`no_grad`-style sc
 thread. Besides SINGA's operators and layers (``autograd.Linear`` and the rest of SINGA 3.0's
 ``autograd.Layer`` family) this module holds singa_jax's extensions: PyTorch-style autograd
 (:func:`grad`, :func:`no_grad`, ``Tensor.backward``), :class:`autocast` for mixed precision,
-and the switches of eager replay (:class:`eager_replay`, :class:`replay_speculation`,
-:func:`replay_stats`). A custom operator subclasses :class:`Function` (see the guide).
+the switches of eager replay (:class:`eager_replay`, :class:`replay_speculation`,
+:func:`replay_stats`) and :class:`reproducible` (steps whose bits do not depend on what ran
+before them, for runs that resume from checkpoints). A custom operator subclasses :class:`Function` (see the guide).
 """
 import sys as _sys
 from singa_jax._src.autodiff.operator import Operator as Operator, Operation as Operation
@@ -17,7 +18,8 @@ from singa_jax._src.autodiff.backward import gradients as gradients, backward as
 from singa_jax._src.base.node import Dummy as Dummy
 from singa_jax._src.base.modes import (
     fused_backward as fused_backward, is_training as is_training, eager_replay as eager_replay,
-    replay_speculation as replay_speculation, no_grad as no_grad, enable_grad as enable_grad,
+    replay_speculation as replay_speculation, reproducible as reproducible,
+    no_grad as no_grad, enable_grad as enable_grad,
     set_grad_enabled as set_grad_enabled, is_grad_enabled as is_grad_enabled)
 from singa_jax._src.eager.replay import stats as replay_stats
 from singa_jax._src.autodiff.function import Function as Function, InvalidInput as InvalidInput
@@ -95,6 +97,7 @@ from singa_jax._src.base.public import publish as _publish
 __all__ = [
     "Operator", "Operation", "Dummy", "infer_dependency", "gradients", "backward",
     "fused_backward", "is_training", "eager_replay", "replay_speculation", "replay_stats",
+    "reproducible",
     "Function", "InvalidInput", "make_function", "CTensor", "axis_helper", "back_broadcast",
     "ctensor2numpy", "ReLU", "relu", "Identity", "identity", "Tanh", "tanh", "Cos", "cos",
     "Cosh", "cosh", "Acos", "acos", "Acosh", "acosh", "Sin", "sin", "Sinh", "sinh", "Asin",

@@ -22,7 +22,7 @@ from singa_jax._src.autodiff.operator import Operator
 from singa_jax._src.autodiff.walk import walk, walks_into
 from singa_jax._src.backend.xla_options import fuses_heavy_walks, kernel
 from singa_jax._src.base import process_state
-from singa_jax._src.base.modes import is_backward_fused
+from singa_jax._src.base.modes import is_backward_fused, is_reproducible
 from singa_jax._src.base.node import Dummy, Node
 from singa_jax._src.eager import replay
 from singa_jax._src.tensor.tensor import Tensor
@@ -170,7 +170,8 @@ def fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int
 
 def _plan_id(key: Tuple) -> Optional[int]:
     """The id in ``_plan_table`` of the plan ``key`` (its steps and outputs) -- given on its
-    second walk -- or None the first time (then remembered, while fewer than _PLANS_KEPT)."""
+    second walk (on its first under ``reproducible``) -- or None the first time (then
+    remembered, while fewer than _PLANS_KEPT)."""
     plan_id = _seen_plans.get(key)
     if plan_id is None or plan_id < 0:
         with _plans_lock:  # threads walking at once must not share an id
@@ -178,7 +179,9 @@ def _plan_id(key: Tuple) -> Optional[int]:
             if plan_id is None:
                 if len(_seen_plans) < _PLANS_KEPT:
                     _seen_plans[key] = -1
-                return None
+                if not is_reproducible():  # (reproducible: fused from the first walk)
+                    return None
+                plan_id = -1
             if plan_id < 0:
                 plan_id = _seen_plans[key] = len(_plan_table)
                 _plan_table.append(key)

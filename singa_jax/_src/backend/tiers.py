@@ -75,7 +75,7 @@ import jax.extend.core as jex_core
 
 from singa_jax._src.backend import xla_options
 from singa_jax._src.base.env import switched_off
-from singa_jax._src.base.modes import ScopedFlag
+from singa_jax._src.base.modes import ScopedFlag, is_reproducible
 
 __all__ = ["tiered_compilation", "tiers_mode", "plan", "Pending", "MIN_SECONDS_SAVED", "ENV",
            "program_size"]
@@ -276,7 +276,7 @@ def plan(lowered: Any, closed: Any, platform: str, options: Dict[str, Any],
     program compiled before its first call), else once; None for a program too small to
     matter (compiled once, nothing recorded). The caller leaves out one-off programs and SPMD
     steps."""
-    mode = False if ahead else tiers_mode()
+    mode = False if ahead or is_reproducible() else tiers_mode()  # (one program per step)
     always = mode == "always"
     if not always and xla_options.quick_tier_saving(
             platform, *program_size(closed.jaxpr)) < MIN_SECONDS_SAVED:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import os
 import types
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar
 
@@ -26,7 +27,8 @@ from singa_jax._src.base.env import flag
 
 __all__ = ["is_training", "set_training", "TrainingFlagModule", "training_mode", "is_grad_enabled",
            "set_grad_enabled", "no_grad", "enable_grad", "is_backward_fused", "fused_backward",
-           "is_eager_replay", "eager_replay", "is_replay_speculating", "replay_speculation", "autocast_dtype", "autocast_mode",
+           "is_eager_replay", "eager_replay", "is_replay_speculating", "replay_speculation",
+           "is_reproducible", "reproducible", "autocast_dtype", "autocast_mode",
            "TraceHook", "current_trace_hook", "trace_hook", "traced_keys", "compile_time_eval",
            "in_compile_time_eval", "parameter_initialization", "in_parameter_initialization"]
 
@@ -211,6 +213,38 @@ class replay_speculation(ScopedFlag):
     the process."""
 
     var = _REPLAY_SPECULATION
+
+    def __init__(self, enabled: bool = True):
+        super().__init__(enabled)
+
+
+# --- reproducible steps ------------------------------------------------------------------------
+_REPRODUCIBLE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "singa_jax.reproducible",
+    default=os.environ.get("SINGA_JAX_REPRODUCIBLE", "").strip().lower() in ("1", "true", "on",
+                                                                              "yes"))
+
+
+def is_reproducible() -> bool:
+    """Whether a step computes the same bits whatever ran before it
+    (``autograd.reproducible``)."""
+    return _REPRODUCIBLE.get()
+
+
+class reproducible(ScopedFlag):
+    """Inside the block or the decorated function (this thread only), a training step computes
+    the same bits whatever ran before it in the process, so that a run resumed from a
+    checkpoint continues exactly as the uninterrupted run would (default False;
+    ``SINGA_JAX_REPRODUCIBLE=1`` for the process). Why it is needed: eager mode runs a sequence
+    op by op the first time it sees it and as one compiled program when it recurs, and graph
+    mode on a CPU may run a step's first calls with a quickly compiled program; the programs
+    agree only up to rounding, so a resumed process, whose first step is new to it, would drift
+    from the uninterrupted run in the last bits. Here every eager sequence (a replay segment, a
+    fused backward walk) is compiled at its first occurrence and graph mode compiles its step
+    once, without tiers. Costs: a compilation for sequences that run only once (an evaluation
+    forward run a single time, the first step), nothing per step after that."""
+
+    var = _REPRODUCIBLE
 
     def __init__(self, enabled: bool = True):
         super().__init__(enabled)

@@ -36,6 +36,9 @@ SWITCHES: Tuple[Switch, ...] = (
            "seconds a DistOpt rank waits for the others"),
     Switch("SINGA_JAX_EXPLAIN_COMPILES", "off",
            "1: log every compilation with its cause (singa_jax.debug.explain_compiles)"),
+    Switch("SINGA_JAX_REPRODUCIBLE", "off",
+           "1: every step computes the same bits whatever ran before it "
+           "(autograd.reproducible)"),
 )
 
 

@@ -21,7 +21,8 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import jax
 import numpy as np
@@ -94,11 +95,11 @@ class _ArraySource:
             return np.arange(n)
         return np.random.default_rng((int(self.seed), int(epoch))).permutation(n)
 
-    def batches(self, epoch: int, limit: Optional[int]) -> Iterator[HostBatch]:
+    def batches(self, epoch: int, limit: Optional[int], start: int = 0) -> Iterator[HostBatch]:
         order = self.order(epoch)
         count = self.num_batches if limit is None else min(limit, self.num_batches)
         bs = self.batch_size
-        for step in range(count):
+        for step in range(start, count):
             start = step * bs
             # in order: a slice (a view, no gather); shuffled: the rows of the permutation
             idx = order[start:start + bs] if self.shuffle else slice(start, start + bs)
@@ -124,7 +125,7 @@ class _IterableSource:
         self.source = batches
         self.num_batches: Optional[int] = len(batches) if hasattr(batches, "__len__") else None
 
-    def batches(self, epoch: int, limit: Optional[int]) -> Iterator[HostBatch]:
+    def batches(self, epoch: int, limit: Optional[int], start: int = 0) -> Iterator[HostBatch]:
         it = iter(self.source)
         step = 0
         while limit is None or step < limit:
@@ -132,6 +133,9 @@ class _IterableSource:
                 item = next(it)
             except StopIteration:
                 return
+            if step < start:  # an iterable cannot seek: the batches before ``start`` are read
+                step += 1
+                continue
             x, y = item if isinstance(item, tuple) else (item, None)
             # copies: the device transfer reads them after it returns, and an iterable may
             # refill one buffer for every batch (see Device.put)
@@ -219,19 +223,20 @@ class EpochBatches:
             was input-bound for that long); ``last_wait``: the last ``next()``'s wait.
         count: the real rows of the batch last returned (fewer than the batch size for a
             zero-padded last batch, ``pad_last``).
-        step: how many batches were returned.
+        step: how many batches of the epoch were returned (counting those before the batch
+            the epoch started at, when it resumed mid-epoch).
     """
 
-    def __init__(self, loader: "DeviceLoader", epoch: int):
+    def __init__(self, loader: "DeviceLoader", epoch: int, start: int = 0):
         self.epoch = int(epoch)
         self.num_batches = loader.batches_per_epoch
         self.wait_seconds = 0.0
         self.last_wait = 0.0
         self.count = 0
-        self.step = 0
+        self.step = start
         self._has_y = loader.has_labels
         self._closed = False
-        self._worker = _Worker(loader._producer(self.epoch), loader.prefetch, self.epoch)
+        self._worker = _Worker(loader._producer(self.epoch, start), loader.prefetch, self.epoch)
 
     def __iter__(self) -> "EpochBatches":
         return self
@@ -394,6 +399,8 @@ class DeviceLoader:
         self._limit = None if batches_per_epoch is None else int(batches_per_epoch)
         self.batches_per_epoch: Optional[int] = self._limit
         self._next_epoch = 0
+        self._resume: Optional[Tuple[int, int]] = None  # (epoch, batch) set_state continues at
+        self._current: Optional["weakref.ref[EpochBatches]"] = None  # the epoch last made
         self.compile_seconds = 0.0  # compiling the transform when the loader was made
         self._program = None if transform is None else jax.jit(
             self._apply, out_shardings=self.sharding)
@@ -432,12 +439,13 @@ class DeviceLoader:
         self.compile_seconds = time.perf_counter() - started
         self.output = jax.ShapeDtypeStruct(out.shape, out.dtype)
 
-    def _producer(self, epoch: int) -> Callable[[Callable[[], bool]], Iterator[Any]]:
-        """What an epoch's worker runs: the placed and transformed batches, in order."""
+    def _producer(self, epoch: int, start: int = 0
+                  ) -> Callable[[Callable[[], bool]], Iterator[Any]]:
+        """What an epoch's worker runs: the placed and transformed batches from ``start`` on."""
         def produce(stopped: Callable[[], bool]) -> Iterator[Any]:
-            making = 0  # the batch being made (read from the source, placed, transformed)
+            making = start  # the batch being made (read from the source, placed, transformed)
             try:
-                for step, x, y, count in self.source.batches(epoch, self._limit):
+                for step, x, y, count in self.source.batches(epoch, self._limit, start):
                     if stopped():
                         return
                     making = step
@@ -457,17 +465,67 @@ class DeviceLoader:
             x_dev = self._program(np.array([self.seed, epoch, step], np.uint32), x_dev)
         return x_dev, y_dev
 
-    def epoch(self, epoch: int) -> EpochBatches:
-        """The batches of ``epoch`` (its thread starts now); the next ``iter(loader)`` runs
-        ``epoch + 1``."""
+    def epoch(self, epoch: int, start: Optional[int] = None) -> EpochBatches:
+        """The batches of ``epoch`` from batch ``start`` on (its thread starts now); the next
+        ``iter(loader)`` runs ``epoch + 1``. ``start`` None: batch 0, or, for the epoch a
+        :meth:`set_state` resumes, the batch it resumes at (once)."""
         if isinstance(epoch, bool) or int(epoch) != epoch or not 0 <= epoch < 2 ** 32:
             raise ValueError(f"DeviceLoader.epoch: epoch must be an int in [0, 2**32), got "
                              f"{epoch!r}")
-        self._next_epoch = int(epoch) + 1
-        return EpochBatches(self, int(epoch))
+        epoch = int(epoch)
+        if start is None:
+            resume, self._resume = self._resume, None
+            start = resume[1] if resume is not None and resume[0] == epoch else 0
+        total = self.batches_per_epoch
+        if isinstance(start, bool) or int(start) != start or start < 0 or (
+                total is not None and start > total):
+            raise ValueError(f"DeviceLoader.epoch: start must be an int in [0, "
+                             f"{'batches per epoch' if total is None else total}], got "
+                             f"{start!r}")
+        self._next_epoch = epoch + 1
+        batches = EpochBatches(self, epoch, int(start))
+        self._current = weakref.ref(batches)
+        return batches
 
     def __iter__(self) -> EpochBatches:
+        if self._resume is not None:
+            return self.epoch(self._resume[0])
         return self.epoch(self._next_epoch)
+
+    def get_state(self) -> Dict[str, int]:
+        """Where the loader is: ``{"epoch": e, "batch": b}``, the next batch the training loop
+        will take (the epoch in progress and how many of its batches were returned; after an
+        epoch's last batch, the next epoch's batch 0). A checkpoint saves it; :meth:`set_state`
+        continues from there with the same remaining batches, since an epoch's order and
+        transform keys are drawn from ``(seed, epoch, batch)``."""
+        current = self._current() if self._current is not None else None
+        if self._resume is not None:
+            epoch, batch = self._resume
+        elif current is None:
+            epoch, batch = self._next_epoch, 0
+        else:
+            epoch, batch = current.epoch, current.step
+            if current.num_batches is not None and batch >= current.num_batches:
+                epoch, batch = epoch + 1, 0
+        return {"epoch": int(epoch), "batch": int(batch)}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`get_state`'s ``state``: the next ``iter(loader)`` or
+        ``loader.epoch(state["epoch"])`` yields that epoch's batches from ``state["batch"]``
+        on, the batches an uninterrupted loop would have taken next."""
+        try:
+            epoch, batch = int(state["epoch"]), int(state["batch"])
+        except (TypeError, KeyError, ValueError) as e:
+            raise ValueError(f"DeviceLoader.set_state: expected {{'epoch': int, 'batch': int}}, "
+                             f"got {state!r}") from e
+        total = self.batches_per_epoch
+        if epoch < 0 or batch < 0 or (total is not None and batch > total):
+            raise ValueError(f"DeviceLoader.set_state: epoch {epoch}, batch {batch} is not a "
+                             f"position of this loader ({total} batches per epoch)")
+        if total is not None and batch == total:
+            epoch, batch = epoch + 1, 0
+        self._resume = (epoch, batch)
+        self._next_epoch = epoch
 
     def __len__(self) -> int:
         if self.batches_per_epoch is None:

@@ -68,7 +68,8 @@ from singa_jax._src.base import observe, process_state
 from singa_jax._src.eager.launcher import launch_in_thread
 from singa_jax._src.base.env import flag
 from singa_jax._src.base.modes import (current_trace_hook, in_compile_time_eval, is_eager_replay,
-                                       is_grad_enabled, is_replay_speculating, is_training)
+                                       is_grad_enabled, is_replay_speculating, is_reproducible,
+                                       is_training)
 from singa_jax._src.backend.xla_options import (kernel, launches_in_thread, no_trace_running,
                                                 replay_piece_calls)
 
@@ -237,7 +238,7 @@ class _Segment:
         program = programs.get(live)
         if program is None or type(program) is int:
             seen = (program or 0) + 1
-            program = _compile(self, live) if seen >= COMPILE_ON else None
+            program = _compile(self, live) if seen >= COMPILE_ON or is_reproducible() else None
             programs[live] = seen if program is None else program
         # the program already running on predicted inputs, if they were the inputs after all
         values = _speculated(self, live) if self.spec is not None else None

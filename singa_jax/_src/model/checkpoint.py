@@ -41,7 +41,7 @@ from singa_jax._src.tensor.creation import to_numpy
 from singa_jax._src.base.dtypes import singa_dtype_code
 
 __all__ = ["TENSOR_DICT_FILENAME", "STATES_ATTR_FILENAME", "MODEL_STATE_TYPE", "AUX_STATE_TYPE",
-           "save_states", "read_states", "check_against"]
+           "save_states", "write_archive", "read_states", "check_against", "host_array"]
 
 TENSOR_DICT_FILENAME = "tensor_dict.npz"
 STATES_ATTR_FILENAME = "states_attr.json"
@@ -49,7 +49,7 @@ MODEL_STATE_TYPE = 0
 AUX_STATE_TYPE = 1
 
 
-def _host_array(what: str, name: str, value: Any) -> np.ndarray:
+def host_array(what: str, name: str, value: Any) -> np.ndarray:
     """``value`` (a Tensor, array or number) as a NumPy array for the archive."""
     if isinstance(value, Tensor):
         arr = to_numpy(value)
@@ -119,13 +119,15 @@ def _remove_stale_temp_files(folder: str) -> None:
 
 
 def save_states(fpath: str, model_states: Mapping[str, Any], aux_states: Mapping[str, Any] = None,
-                overwrite: bool = False) -> None:
+                overwrite: bool = False, compress: bool = True) -> None:
     """Write ``model_states`` (state type 0) and ``aux_states`` (type 1) to ``fpath`` atomically.
 
     Raises FileExistsError when ``fpath`` exists and ``overwrite`` is False, IsADirectoryError
     when it is a folder, ValueError when a name is used twice, TypeError for a path that is not
     one and for values that are not tensors/arrays/numbers. Temporary files of earlier saves
     into the same folder that were killed midway are removed (see the module docstring).
+    ``compress=False`` stores the arrays uncompressed (SINGA reads both; float weights shrink
+    little and deflating them costs seconds per 100 MB).
     """
     fpath = _checked_path("save_states", fpath)
     if os.path.exists(fpath) and not overwrite:
@@ -139,22 +141,37 @@ def save_states(fpath: str, model_states: Mapping[str, Any], aux_states: Mapping
     if clash:
         raise ValueError(f"save_states: aux state name(s) {clash} are also model state names")
     arrays: Dict[str, np.ndarray] = {}
-    attrs: Dict[str, Dict[str, Any]] = {}
+    types: Dict[str, int] = {}
     for state_type, what, states in ((MODEL_STATE_TYPE, "model state", model_states),
                                      (AUX_STATE_TYPE, "aux state", aux_states)):
         for name, value in states.items():
-            arr = _host_array(what, name, value)
-            arrays[str(name)] = arr
-            attrs[str(name)] = {"state_type": state_type, "shape": list(arr.shape),
-                                "dtype": singa_dtype_code(arr.dtype)}
-    npz = io.BytesIO()
-    np.savez(npz, **arrays)
+            arrays[str(name)] = host_array(what, name, value)
+            types[str(name)] = state_type
+    write_archive(fpath, arrays, types, compress=compress)
+
+
+def write_archive(fpath: str, arrays: Mapping[str, np.ndarray], state_types: Mapping[str, int],
+                  compress: bool = True) -> None:
+    """Write the checkpoint of host ``arrays`` (their state types by name) to ``fpath``: into a
+    temporary file of its folder, flushed to disk, then moved over ``fpath`` (atomic). The
+    arrays are streamed into the archive, never copied whole into memory first."""
+    fpath = os.fspath(fpath)
+    folder = os.path.dirname(os.path.abspath(fpath))
+    attrs = {name: {"state_type": state_types[name], "shape": list(arr.shape),
+                    "dtype": singa_dtype_code(arr.dtype)} for name, arr in arrays.items()}
+    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
     _remove_stale_temp_files(folder)
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(fpath), suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_DEFLATED) as zf:
-                zf.writestr(TENSOR_DICT_FILENAME, npz.getvalue())
+            with zipfile.ZipFile(f, mode="w", compression=method) as zf:
+                # the member is itself an .npz (SINGA's layout): a zip of one .npy per state
+                with zf.open(TENSOR_DICT_FILENAME, "w", force_zip64=True) as member:
+                    with zipfile.ZipFile(member, mode="w", compression=method) as npz:
+                        for name, arr in arrays.items():
+                            with npz.open(name + ".npy", "w", force_zip64=True) as out:
+                                np.lib.format.write_array(out, np.asanyarray(arr),
+                                                          allow_pickle=False)
                 zf.writestr(STATES_ATTR_FILENAME, json.dumps(attrs))
             f.flush()
             os.fsync(f.fileno())
