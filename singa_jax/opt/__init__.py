@@ -40,13 +40,14 @@ from singa_jax._src.optim.algorithms import (
     SGD as SGD, RMSProp as RMSProp, AdaGrad as AdaGrad, Adam as Adam)
 from singa_jax._src.optim.guard import NonFiniteStepWarning as NonFiniteStepWarning
 from singa_jax._src.dist.dist import DistOpt as DistOpt
+from singa_jax._src.runtime.peer_watch import PeerLostError as PeerLostError
 from singa_jax._src.optim.optax import OptaxOptimizer as OptaxOptimizer, from_optax as from_optax
 from singa_jax._src.optim.update import UpdateRule as UpdateRule
 from singa_jax._src.base.public import publish as _publish
 
 __all__ = [
     "DecayScheduler", "Constant", "ExponentialDecay", "Optimizer", "SGD", "RMSProp",
-    "AdaGrad", "Adam", "DistOpt", "NonFiniteStepWarning", "OptaxOptimizer", "from_optax",
-    "UpdateRule"]
+    "AdaGrad", "Adam", "DistOpt", "PeerLostError", "NonFiniteStepWarning", "OptaxOptimizer",
+    "from_optax", "UpdateRule"]
 
 _publish(__name__, __all__)

@@ -34,6 +34,8 @@ SWITCHES: Tuple[Switch, ...] = (
            "1: create_cuda_gpu*() fall back to the default device"),
     Switch("SINGA_JAX_DIST_TIMEOUT", "120",
            "seconds a DistOpt rank waits for the others"),
+    Switch("SINGA_JAX_PEER_TIMEOUT", "20",
+           "seconds a DistOpt rank may stay silent before the others stop (opt.PeerLostError)"),
     Switch("SINGA_JAX_EXPLAIN_COMPILES", "off",
            "1: log every compilation with its cause (singa_jax.debug.explain_compiles)"),
     Switch("SINGA_JAX_REPRODUCIBLE", "off",

@@ -32,6 +32,11 @@ kept for the next step (``corr``). A rank with several local devices contributes
 devices' gradients (the gradient of its own batch). Consistency between ranks (same shapes, all
 present) is checked through the coordination service with a bounded time-out
 (:func:`agree`), so a wrong launch raises on every rank instead of hanging.
+
+A lost rank (killed, crashed, ended by an error) is noticed by every other rank within
+``peer_timeout`` seconds (``SINGA_JAX_PEER_TIMEOUT``, default 20) through heartbeats in the
+coordination service's key-value store: one line on stderr, ``PeerLostError`` in the main
+thread, exit status 75 (:mod:`singa_jax._src.runtime.peer_watch`).
 """
 from __future__ import annotations
 
@@ -139,6 +144,12 @@ class DistOpt:
             for the forward and backward, reduce-scatters its gradient and updates the device's
             part, which it keeps. Reading a parameter (``to_numpy``, ``get_params``,
             checkpoints) gives its whole value.
+        peer_timeout: beyond SINGA: seconds another rank may stay silent (no heartbeat) before
+            it counts as lost (>= 1); then this rank writes one line to stderr, raises
+            ``PeerLostError`` in its main thread and exits with status 75 (after a grace of a
+            few seconds when the main thread is blocked in a collective). None:
+            ``$SINGA_JAX_PEER_TIMEOUT``, else 20. Fixed when the process joins the run (the
+            first DistOpt).
 
     Attributes ``world_size``, ``global_rank`` and ``local_rank`` are SINGA's. Attributes not
     defined here (``step_counter``, ``get_states``, ...) are those of the wrapped optimizer.
@@ -147,7 +158,7 @@ class DistOpt:
     def __init__(self, opt: Optional[Optimizer] = None, nccl_id: Any = None,
                  local_rank: Optional[int] = None, world_size: Optional[int] = None,
                  buffSize: int = 4194304, shard_optimizer_state: bool = False,
-                 shard_parameters: bool = False):
+                 shard_parameters: bool = False, peer_timeout: Optional[float] = None):
         if opt is None:
             opt = SGD()
         if not isinstance(opt, Optimizer):
@@ -161,7 +172,7 @@ class DistOpt:
                             ("shard_parameters", shard_parameters)):
             if not isinstance(value, bool):
                 raise TypeError(f"DistOpt: {name} must be a bool, got {value!r}")
-        cluster, local = join_run(nccl_id, local_rank, world_size)
+        cluster, local = join_run(nccl_id, local_rank, world_size, peer_timeout)
         # sharded parameters are updated by the device holding their part, so their slots are
         # split alike: FSDP includes ZeRO stage 1
         self.shard_optimizer_state = shard_optimizer_state or shard_parameters

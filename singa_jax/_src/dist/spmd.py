@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.runtime.cluster import LOCAL, RANK, agree
-from singa_jax._src.runtime.mesh import gathered, host_value, on_device
+from singa_jax._src.runtime.mesh import gathered, on_device
 from singa_jax._src.graph.layout import tensors_in
 
 if TYPE_CHECKING:

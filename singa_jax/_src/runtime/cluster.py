@@ -9,6 +9,7 @@ import numbers
 import os
 import sys
 import threading
+import time
 from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -16,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from singa_jax._src.runtime import peer_watch
 
 
 TIMEOUT_ENV = "SINGA_JAX_DIST_TIMEOUT"  # seconds a rank waits for the others (default 120)
@@ -125,8 +128,9 @@ def _check_rank_args(local_rank: Any, world_size: Any) -> Tuple[int, int]:
 
 
 def _initialize(address: Optional[str], world_size: Optional[int], rank: Optional[int],
-                local_device_ids: Optional[List[int]]) -> None:
-    """``jax.distributed.initialize`` with CPU collectives over gloo and a bounded time-out."""
+                local_device_ids: Optional[List[int]], peer_timeout: float) -> None:
+    """``jax.distributed.initialize`` with CPU collectives over gloo and a bounded time-out,
+    then the watch over the other ranks (:mod:`.peer_watch`)."""
     from jax._src import xla_bridge
     if xla_bridge.backends_are_initialized():
         raise RuntimeError(
@@ -143,15 +147,17 @@ def _initialize(address: Optional[str], world_size: Optional[int], rank: Optiona
                                (where, address or "(auto-detected)", world_size, timeout))
     watchdog.daemon = True
     watchdog.start()
+    # JAX's own detection of a dead rank aborts every process: the watch must act first
+    heartbeat = peer_watch.jax_heartbeat_timeout(peer_timeout, max(10, timeout))
     try:
         jax.distributed.initialize(address, num_processes=world_size, process_id=rank,
                                    local_device_ids=local_device_ids,
                                    initialization_timeout=timeout + 30,
-                                   heartbeat_timeout_seconds=max(10, timeout))
-        # Leave the run together at exit (a shutdown barrier): without it the first process to
-        # exit takes the coordination service down and JAX kills the others. multiprocessing's
-        # finalizers also run in forked workers, which skip atexit.
-        multiprocessing.util.Finalize(None, jax.distributed.shutdown, exitpriority=100)
+                                   heartbeat_timeout_seconds=heartbeat)
+        # Leave the run together at exit (a shutdown barrier, once every rank is done): without
+        # it the first process to exit takes the coordination service down and JAX kills the
+        # others. multiprocessing's finalizers also run in forked workers, which skip atexit.
+        multiprocessing.util.Finalize(None, peer_watch.leave, exitpriority=100)
     except Exception as e:  # JAX raises several types (XlaRuntimeError, ValueError, ...)
         raise RuntimeError(
             f"DistOpt: {where} could not join the rendezvous at {address or '(auto-detected)'} "
@@ -161,6 +167,9 @@ def _initialize(address: Optional[str], world_size: Optional[int], rank: Optiona
             f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
     finally:
         watchdog.cancel()
+    from jax._src.distributed import global_state  # the coordination client JAX started
+    peer_watch.start(global_state.client, global_state.process_id, global_state.num_processes,
+                     peer_timeout, heartbeat)
 
 
 def _rendezvous_timed_out(where: str, address: str, world_size: Optional[int],
@@ -251,15 +260,24 @@ def agree(cluster: _Cluster, what: str, mine: str, once: bool = False) -> None:
     cluster.agreements += 1
     prefix = f"singa_jax/distopt/{cluster.agreements}/"
     client.key_value_set(prefix + str(cluster.global_rank), mine)
-    timeout_ms = _timeout() * 1000
+    deadline = time.monotonic() + _timeout()
     answers: Dict[int, str] = {}
     missing = []
     for r in range(cluster.world_size):
-        try:
-            answers[r] = client.blocking_key_value_get(prefix + str(r), timeout_ms)
-        except Exception:  # a time-out: that rank never reached this point
-            missing.append(r)
-            timeout_ms = 1  # the others had as long already
+        while True:  # in slices of a second: a lost peer raises PeerLostError here at once
+            asked = time.monotonic()
+            left_ms = int((deadline - asked) * 1000)
+            try:
+                answers[r] = client.blocking_key_value_get(prefix + str(r),
+                                                           max(1, min(1000, left_ms)))
+                break
+            except Exception:  # a time-out: that rank has not reached this point yet
+                peer_watch.raise_if_lost()
+                if left_ms <= 1000:  # past the deadline (later ranks: one 1 ms try each)
+                    missing.append(r)
+                    break
+                if time.monotonic() - asked < 0.1:  # failed at once (not a time-out): no spin
+                    time.sleep(0.1)
     if missing:
         raise TimeoutError(
             f"DistOpt ({what}): rank {cluster.global_rank} waited {_timeout()}s ({TIMEOUT_ENV}) "
@@ -277,8 +295,16 @@ def agree(cluster: _Cluster, what: str, mine: str, once: bool = False) -> None:
         cluster.agreed.add(mine)
 
 
-def join_run(nccl_id: Any, local_rank: Any, world_size: Any) -> Tuple[_Cluster, int]:
-    """Join (or start) the run this process belongs to; returns the cluster and the local rank."""
+def join_run(nccl_id: Any, local_rank: Any, world_size: Any,
+             peer_timeout: Any = None) -> Tuple[_Cluster, int]:
+    """Join (or start) the run this process belongs to; returns the cluster and the local rank.
+    ``peer_timeout`` (seconds; None: ``$SINGA_JAX_PEER_TIMEOUT`` or 20) is how long another rank
+    may stay silent before it counts as lost; it is fixed when the process joins."""
+    silence = peer_watch.peer_timeout(peer_timeout)  # a bad value raises before joining
+    running = peer_watch.running_timeout()
+    if peer_timeout is not None and running is not None and silence != running:
+        raise ValueError(f"DistOpt: peer_timeout={peer_timeout!r}, but this process joined the "
+                         f"run with a peer time-out of {running:g}s, fixed at the first DistOpt")
     if nccl_id is not None:
         rank, size = _check_rank_args(local_rank, world_size)
         address = _address_of(nccl_id)
@@ -286,12 +312,13 @@ def join_run(nccl_id: Any, local_rank: Any, world_size: Any) -> Tuple[_Cluster, 
             # SINGA's mapping on a GPU box: process r drives GPU r (JAX_LOCAL_DEVICE_IDS
             # overrides); CPU and TPU processes keep all their devices
             ids = None if os.environ.get("JAX_LOCAL_DEVICE_IDS") else [rank]
-            _initialize(address, size, rank, ids)
+            _initialize(address, size, rank, ids, silence)
     elif not jax.distributed.is_initialized() and _launcher_detected():
         # JAX_NUM_PROCESSES / JAX_PROCESS_ID complete JAX_COORDINATOR_ADDRESS for a manual
         # launch (one shell per process); launchers (mpirun, SLURM, TPU pods) need neither
         count, rank = os.environ.get("JAX_NUM_PROCESSES"), os.environ.get("JAX_PROCESS_ID")
-        _initialize(None, int(count) if count else None, int(rank) if rank else None, None)
+        _initialize(None, int(count) if count else None, int(rank) if rank else None, None,
+                    silence)
     cluster = _Cluster.current()
     if world_size is not None and world_size != cluster.world_size:
         raise ValueError(f"DistOpt: world_size={world_size!r} but this run has "
