@@ -26,15 +26,18 @@ Usage is SINGA's::
 With ``use_graph=True`` (:meth:`Model.compile` or :meth:`Model.graph`) a call is compiled into
 one ``jax.jit`` program; otherwise every operator runs eagerly. Both give the same numbers.
 :class:`GraphModeError` is what graph mode raises for a step that branches on a tensor's value;
+:class:`DeviceMemoryError` what a step raises when it does not fit in device memory (no state
+changed: a smaller batch can be tried);
 :class:`tiered_compilation` chooses whether a step's first call runs a quickly compiled
 program while the optimised one compiles.
 """
 from singa_jax._src.model.model import ModelMeta as ModelMeta, Model as Model
 from singa_jax._src.graph.runner import GraphModeError as GraphModeError
+from singa_jax._src.graph.errors import DeviceMemoryError as DeviceMemoryError
 from singa_jax._src.backend.tiers import tiered_compilation as tiered_compilation
 from singa_jax._src.base.public import publish as _publish
 
 __all__ = [
-    "ModelMeta", "Model", "GraphModeError", "tiered_compilation"]
+    "ModelMeta", "Model", "GraphModeError", "DeviceMemoryError", "tiered_compilation"]
 
 _publish(__name__, __all__)

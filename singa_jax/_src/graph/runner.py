@@ -69,11 +69,12 @@ from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Sequ
 import jax
 import numpy as np
 
-from singa_jax._src.base import checks, observe
+from singa_jax._src.base import checks, interrupts, observe
 from singa_jax._src.backend import tiers as graph_tiers
 from singa_jax._src.runtime import device as device_mod
 from singa_jax._src.base.node import Dummy
 from singa_jax._src.graph.compile_cause import describe
+from singa_jax._src.graph import errors
 from singa_jax._src.graph.recorder import Recorder
 from singa_jax._src.graph.layout import (Layout, StepLowering, avals_of, birth_values, buffer_id,
                                          build_result, copy_shared, rebuild_leaves, result_outputs,
@@ -200,6 +201,7 @@ class _Program:
     # the optimised program compiling in the background while ``compiled`` is the quick one
     # (graph_tiers); None once it serves the step, or for a step compiled once
     pending: Optional[graph_tiers.Pending] = None
+    ran: Any = None  # the compiled program that has run once (its memory need fits)
 
 
 class GraphRunner:
@@ -658,13 +660,16 @@ class GraphRunner:
         if prog.pending is not None and prog.checked:  # the first run is the quick program's
             self._take_optimised(prog, block=prog.pending.wait)
         checks.run_input_checks(prog.input_checks, batch)  # raises before anything is donated
-        if not (prog.donated_devices or prog.read_devices):
-            return self._execute_program(prog, batch)
-        # Device keys are shared by every model: another thread's step (or eager next_key) must
-        # not read a key this step is about to donate, so read-run-write holds the devices'
-        # locks. The run is only dispatched (asynchronous), so the locks are held briefly.
-        with _key_locks(prog.donated_devices + prog.read_devices):
-            return self._execute_program(prog, batch)
+        # From the call that donates the state's buffers until the new arrays are bound, a
+        # Ctrl-C waits (until the caller's outermost scope exits: a Model's step, whole)
+        with interrupts.deferred():
+            if not (prog.donated_devices or prog.read_devices):
+                return self._execute_program(prog, batch)
+            # Device keys are shared by every model: another thread's step (or eager next_key)
+            # must not read a key this step is about to donate, so read-run-write holds the
+            # devices' locks. The run is only dispatched (asynchronous): they are held briefly.
+            with _key_locks(prog.donated_devices + prog.read_devices):
+                return self._execute_program(prog, batch)
 
     def _execute_program(self, prog: _Program, batch: list) -> Any:
         # no trace hook is installed here (see run), so the arrays are read directly
@@ -672,22 +677,37 @@ class GraphRunner:
         if prog.donated_devices:
             donated += map(_key_of, prog.donated_devices)
         read = [*map(_array_of, prog.read), *map(_key_of, prog.read_devices)]
+        # a failed run may consume what it was donated: the first run keeps host copies and
+        # is waited for (see graph.errors)
+        kept = None if prog.ran is prog.compiled else \
+            errors.host_copies([*prog.donated, *prog.donated_devices])
         _copy_shared(donated)
         unalias(donated, read + batch, id)
         if observe.on:  # (a profiler reads which program ran: its metadata names the ops)
             observe.program_ran("graph", prog.compiled)
         try:
-            outputs = prog.compiled(donated, read, batch)
-        except TypeError:
-            if avals_of(prog.compiled.args_info) != avals_of((donated, read, batch)):
-                return _INPUTS_CHANGED  # a state tensor was rebound to another shape/dtype
-            raise
-        except jax.errors.JaxRuntimeError:
-            # two Tensors over one buffer that the cheap identity check missed (reading buffer
-            # pointers waits for pending work, so it is only done when XLA refuses the call)
-            if not unalias(donated, read + batch, buffer_id):
+            try:
+                outputs = prog.compiled(donated, read, batch)
+            except TypeError:
+                if avals_of(prog.compiled.args_info) != avals_of((donated, read, batch)):
+                    return _INPUTS_CHANGED  # a state tensor was rebound to another shape/dtype
                 raise
-            outputs = prog.compiled(donated, read, batch)
+            except jax.errors.JaxRuntimeError as e:
+                # two Tensors over one buffer that the cheap identity check missed (reading
+                # buffer pointers waits for pending work: only done when XLA refuses the call)
+                if errors.is_out_of_memory(e) or not unalias(donated, read + batch, buffer_id):
+                    raise
+                outputs = prog.compiled(donated, read, batch)
+            if kept is not None:  # (XLA:CPU reports a failed allocation in the outputs)
+                jax.block_until_ready(outputs)
+        except jax.errors.JaxRuntimeError as e:
+            if not errors.is_out_of_memory(e):
+                raise
+            error = errors.run_failed(prog.where, [*prog.donated, *prog.donated_devices], kept,
+                                      batch, e)
+            del donated, read, kept  # (the traceback keeps this frame: let it hold no copies)
+            raise error from e
+        prog.ran = prog.compiled
         new_state, new_keys, extra, res_arrays = outputs
         placed = getattr(prog.compiled, "placed_read", None)  # DistOpt: state put on the mesh
         if placed is not None:

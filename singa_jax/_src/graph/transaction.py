@@ -15,6 +15,10 @@ In graph mode the arrays are NOT remembered here: a failed trace has already put
 (``graph.GraphRunner._undo_trace``), and holding a reference to a state array would make graph
 mode copy it rather than donate its buffer (see ``graph._copy_shared``). There the transaction
 restores the optimizers' attributes and the layers only.
+
+A Ctrl-C that arrives once a graph-mode run has been called (its state buffers donated) is held
+back until the Model's step -- this transaction included -- has ended (``base.interrupts``):
+it never rolls back the attributes of a step whose arrays are bound.
 """
 from __future__ import annotations
 

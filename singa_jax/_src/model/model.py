@@ -11,10 +11,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import jax
 
 from singa_jax._src.model import checkpoint
-from singa_jax._src.base import checks, modes, observe
+from singa_jax._src.base import checks, interrupts, modes, observe
 from singa_jax._src.eager import replay
 from singa_jax._src.autodiff.autocast import compute_dtype
 from singa_jax._src.graph.runner import NOT_CACHED, GraphModeError, GraphRunner, ProgramNotKept
+from singa_jax._src.graph import errors as graph_errors
 from singa_jax._src.graph.layout import tensors_in
 from singa_jax._src.backend.tiers import tiered_compilation
 from singa_jax._src.layers.base import Layer, LayerMeta, layer_tree
@@ -34,6 +35,10 @@ __all__ = ["ModelMeta", "Model", "GraphModeError", "tiered_compilation"]
 
 
 _NO_SCOPE = contextlib.nullcontext()
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
 
 
 def _leads_with_tensor(args: Sequence[Any]) -> bool:
@@ -275,6 +280,23 @@ class Model(Layer, metaclass=ModelMeta):
 
     def _run_step(self, fn: Callable, name: str, args: tuple, kwargs: dict, graph: bool,
                   compile_only: bool = False) -> Any:
+        try:
+            return self._call_step(fn, name, args, kwargs, graph, compile_only)
+        except jax.errors.JaxRuntimeError as e:
+            # out of device memory compiling (graph mode) or running (eagerly) the step: the
+            # transaction has put every state back (a graph-mode run that fails raises
+            # DeviceMemoryError itself, see graph.errors)
+            if not graph_errors.is_out_of_memory(e):
+                raise
+            batch = [x._data if isinstance(x, Tensor) else x
+                     for x in jax.tree_util.tree_leaves((args, kwargs), is_leaf=_is_tensor)
+                     if isinstance(x, (Tensor, jax.Array))]
+            raise graph_errors.out_of_memory(
+                f"{type(self).__name__}.{name}", "graph mode" if graph else "eager mode",
+                "compiling" if graph else "running", batch, e) from e
+
+    def _call_step(self, fn: Callable, name: str, args: tuple, kwargs: dict, graph: bool,
+                   compile_only: bool = False) -> Any:
         replay.flush()  # every state Tensor holds an array when the step starts
         declared, static, optimizers = self._declared_state()
         if graph and spmd_of(static) is not None:  # DistOpt's step: the state goes on the mesh
@@ -286,14 +308,15 @@ class Model(Layer, metaclass=ModelMeta):
             # (a recurring step's program may start on them before its recording ends)
             replay.call_arguments([a._data for a in (*args, *kwargs.values())
                                    if isinstance(a, Tensor)] + arrays)
-            try:
-                with self._transaction(declared, optimizers, arrays=arrays):
+            with self._transaction(declared, optimizers, arrays=arrays):
+                try:
                     result = fn(*args, **kwargs)
-            finally:
-                replay.call_arguments(())
-            # an eager call's recorded kernels run now, as one program once the call recurs
-            # (asynchronously: nothing here waits for them)
-            replay.flush()
+                finally:
+                    replay.call_arguments(())
+                # an eager call's recorded kernels run now, as one program once the call recurs
+                # (asynchronously: nothing here waits for them); inside the transaction, so
+                # that their failure (out of memory, Ctrl-C) leaves the state as before
+                replay.flush()
             return result
         runner = self._graph_runner
         runner.spmd = spmd_of(static)  # a DistOpt's step runs as one SPMD program
@@ -307,17 +330,28 @@ class Model(Layer, metaclass=ModelMeta):
         for optimizer in optimizers:
             optimizer._before_compiled_step()
         # A cached program runs no Python op code (no mode to set) and changes nothing unless it
-        # runs to the end: only a call that traces needs the transaction.
-        ran = runner.run_cached(name, args, kwargs, declared, self.training, static)
+        # runs to the end: only a call that traces needs the transaction. A Ctrl-C from the
+        # compiled run on (the runner defers it) is raised when the step is whole, at the end
+        # of its deferrable scope; one before (tracing, compiling) at once. (Two scopes: a
+        # cached program that no longer fits its state is traced again outside the first.)
+        with interrupts.deferrable():
+            ran = runner.run_cached(name, args, kwargs, declared, self.training, static)
+            if ran is not NOT_CACHED:
+                self._expect_skip_reports(optimizers, ran[2])
         if ran is NOT_CACHED:
-            with self._transaction(declared, optimizers, arrays=False):
-                ran = self._trace_step(fn, name, args, kwargs)
-            self._settle_state_ahead(optimizers)
-        result, failed, reports = ran
-        for optimizer, report in zip(optimizers, reports):
-            optimizer._expect_skip_report(report)
+            with interrupts.deferrable():
+                with self._transaction(declared, optimizers, arrays=False):
+                    ran = self._trace_step(fn, name, args, kwargs)
+                self._settle_state_ahead(optimizers)
+                self._expect_skip_reports(optimizers, ran[2])
+        result, failed, _ = ran
         checks.raise_first_failure(failed)  # the step applied nothing (see _checked)
         return result
+
+    @staticmethod
+    def _expect_skip_reports(optimizers: List[Any], reports: Sequence[Any]) -> None:
+        for optimizer, report in zip(optimizers, reports):
+            optimizer._expect_skip_report(report)
 
     def _trace_step(self, fn: Callable, name: str, args: tuple, kwargs: dict,
                     compile_only: bool = False) -> Any:
