@@ -33,7 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from singa_jax._src.base import observe
-from singa_jax._src.base.modes import autocast_dtype, compile_time_eval, parameter_initialization
+from singa_jax._src.base.modes import (autocast_dtype, compile_time_eval, is_grad_enabled,
+                                       is_training, parameter_initialization)
+from singa_jax._src.layers import remat
 from singa_jax._src.tensor.tensor import Tensor
 
 __all__ = ["LayerMeta", "Layer", "move_to_device", "positive_int", "concrete_initialization",
@@ -146,6 +148,11 @@ class LayerMeta(type):
             if not self.__dict__.get("_initialized", False):
                 self.initialize(*args, **kwargs)
                 self._initialized = True
+            elif self.__dict__.get("_remat") is not None and not remat.inside() and \
+                    is_training() and is_grad_enabled():
+                out = remat.call(self, args, kwargs)  # one operator, recomputed in backward
+                if out is not None:
+                    return out
             return func(self, *args, **kwargs)
 
         return wrapper
@@ -245,6 +252,16 @@ class Layer(object, metaclass=LayerMeta):
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
+
+    def rematerialize(self, policy: Any = "nothing") -> "Layer":
+        """Beyond SINGA: in training, run each call of this layer (with its sublayers) as one
+        operator that keeps only what ``policy`` allows for the backward and recomputes the
+        rest there -- less memory for a second forward's arithmetic. ``"nothing"`` keeps only
+        the call's inputs; ``"dots"`` also keeps matrix products' and convolutions' results;
+        ``"offload"`` keeps those in host memory (GPUs, TPUs); None turns it off. Values and
+        gradients are those of the plain call. Returns the layer. See ``docs/memory.md``."""
+        self._remat = remat.checked_policy(f"{type(self).__name__}.rematerialize", policy)
+        return self
 
     # --- parameters and states -------------------------------------------------------------
     def _own(self, attrs: Iterable[str]) -> Dict[str, Tensor]:

@@ -4,16 +4,15 @@ training, key) -> (outputs, new_state)`` over the model's own code, for ``jax.ji
 call and restored however it ends."""
 from __future__ import annotations
 
-import contextlib
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
-import numpy as np
 
 from singa_jax._src.base import modes
 from singa_jax._src.graph.layout import tensors_in
 from singa_jax._src.layers.base import Layer
+from singa_jax._src.layers.pure import as_input, as_output, bound_arrays, bound_keys, is_tensor
 from singa_jax._src.runtime import device as device_mod
 from singa_jax._src.tensor.tensor import Tensor
 
@@ -40,11 +39,11 @@ def functional(model: Layer) -> Tuple[Callable[..., Tuple[Any, Dict[str, Any]]],
                   **_checked_values(owner, "state", state, state_tensors)}
         with lock, modes.trace_hook(None), modes.training_mode(training), modes.no_grad():
             version = model.structure_version
-            with _bound_arrays(bound, values), _bound_keys(key) as drew:
-                args = jax.tree_util.tree_map(lambda v: _as_input(v, home), inputs,
-                                              is_leaf=_is_tensor)
+            with bound_arrays(bound, values), bound_keys(key) as drew:
+                args = jax.tree_util.tree_map(lambda v: as_input(v, home), inputs,
+                                              is_leaf=is_tensor)
                 out = model.forward(*args)
-                outputs = jax.tree_util.tree_map(_as_output, out, is_leaf=_is_tensor)
+                outputs = jax.tree_util.tree_map(as_output, out, is_leaf=is_tensor)
                 new_state = {k: t.array for k, t in state_tensors.items()}
             if model.structure_version != version:
                 _clear_traced_tensors(owner, model)
@@ -58,21 +57,6 @@ def functional(model: Layer) -> Tuple[Callable[..., Tuple[Any, Dict[str, Any]]],
     params = {k: t.array for k, t in param_tensors.items()}
     state = {k: t.array for k, t in state_tensors.items()}
     return apply, params, state
-
-
-def _is_tensor(v: Any) -> bool:
-    return isinstance(v, Tensor)
-
-
-def _as_input(v: Any, device: Any) -> Any:
-    """An input leaf of ``apply`` as the model sees it: arrays become Tensors (no copy)."""
-    if isinstance(v, (jax.Array, jax.core.Tracer, np.ndarray)):
-        return Tensor(data=v, device=device, requires_grad=False)
-    return v
-
-
-def _as_output(v: Any) -> Any:
-    return v.array if isinstance(v, Tensor) else v
 
 
 def _checked_values(owner: str, what: str, values: Any, tensors: Dict[str, Tensor]
@@ -90,46 +74,6 @@ def _checked_values(owner: str, what: str, values: Any, tensors: Dict[str, Tenso
             raise ValueError(f"{owner}: apply's {what}[{name!r}] has shape "
                              f"{tuple(jax.numpy.shape(v))}, expected {tensors[name].shape}")
     return values
-
-
-@contextlib.contextmanager
-def _bound_arrays(tensors: Dict[str, Tensor], values: Dict[str, Any]) -> Iterator[None]:
-    """Bind each Tensor to its given value for the block; the original arrays come back however
-    it ends, so no tracer is ever left in the model (as graph mode's ``_restore``)."""
-    originals = {name: t.array for name, t in tensors.items()}
-    try:
-        for name, t in tensors.items():
-            t.array = values[name]
-        yield
-    finally:
-        for name, t in tensors.items():
-            t.array = originals[name]
-
-
-@contextlib.contextmanager
-def _bound_keys(key: Optional[jax.Array]) -> Iterator[List[bool]]:
-    """Every Device draws from ``key`` (folded with the device's index) in this thread for the
-    block, without touching the devices' own keys (graph mode's per-thread keys, see
-    ``modes.traced_keys``). With ``key=None`` the devices' current keys are lent and not
-    advanced. Yields a list that receives, on exit, whether anything was drawn."""
-    devices = device_mod.all_devices()
-    keys = modes.traced_keys(create=True)
-    saved = {d: keys[d] for d in devices if d in keys}
-    start = {}
-    for i, d in enumerate(devices):
-        current = d.key
-        start[d] = current if key is None else (jax.random.fold_in(key, i) if i else key)
-        keys[d] = (start[d], current)
-    drew: List[bool] = []
-    try:
-        yield drew
-    finally:
-        drew.append(any(keys[d][0] is not start[d] for d in devices if d in keys))
-        for d in devices:
-            if d in saved:
-                keys[d] = saved[d]
-            else:
-                keys.pop(d, None)
 
 
 def _clear_traced_tensors(owner: str, model: Layer) -> None:

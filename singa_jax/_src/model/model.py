@@ -19,6 +19,7 @@ from singa_jax._src.graph import errors as graph_errors
 from singa_jax._src.graph.layout import tensors_in
 from singa_jax._src.backend.tiers import tiered_compilation
 from singa_jax._src.layers.base import Layer, LayerMeta, layer_tree
+from singa_jax._src.layers.remat import checked_policy
 from singa_jax._src.model.functional import functional
 from singa_jax._src.model.initialization import initialize
 from singa_jax._src.model.step import checked_step, plain_optimizers, with_wrapped
@@ -102,7 +103,7 @@ class Model(Layer, metaclass=ModelMeta):
 
     # --- set-up --------------------------------------------------------------------------------
     def compile(self, inputs: Sequence[Tensor], is_train: bool = True, use_graph: bool = False,
-                sequential: bool = False, autocast: Any = None) -> None:
+                sequential: bool = False, autocast: Any = None, remat: Any = None) -> None:
         """Initialise every layer from the placeholder ``inputs`` and choose the mode.
 
         Args:
@@ -115,6 +116,11 @@ class Model(Layer, metaclass=ModelMeta):
                 dtype -- products in half precision, parameters and optimizer slots float32,
                 float16 with dynamic loss scaling (see docs/mixed_precision.md). None (the
                 default): the dtypes of the inputs and parameters, as in SINGA.
+            remat: beyond SINGA: rematerialise each of the model's direct sublayers that has
+                parameters (its blocks; see :meth:`Layer.rematerialize`): ``"nothing"`` (or
+                True) keeps only each block's inputs for the backward and recomputes the rest
+                there, ``"dots"`` keeps products' results too, ``"offload"`` keeps them in
+                host memory (GPUs, TPUs). None (the default) leaves every layer as it is.
 
         The placeholders run through ``forward`` once in evaluation mode, which creates every
         parameter (as SINGA's buffered-and-discarded forward does) without touching batch-norm
@@ -133,6 +139,7 @@ class Model(Layer, metaclass=ModelMeta):
                 raise TypeError(f"{type(self).__name__}.compile: input {i} must be a Tensor, got "
                                 f"{type(x).__name__}")
         compute = compute_dtype(autocast, f"{type(self).__name__}.compile")
+        policy = checked_policy(f"{type(self).__name__}.compile", remat)
         self._autocast = compute
         prev = modes.is_training()
         modes.set_training(False)
@@ -141,6 +148,10 @@ class Model(Layer, metaclass=ModelMeta):
                 initialize(self, inputs)
         finally:
             modes.set_training(prev)
+        if policy is not None:
+            for sublayer in self._layers.values():
+                if sublayer.get_params():
+                    sublayer.rematerialize(policy)
         self.train(is_train)
         self.graph(use_graph, sequential)
         if use_graph and not is_train:

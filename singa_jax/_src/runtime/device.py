@@ -131,8 +131,18 @@ class Device:
         concurrently, so waiting on the newest result is not enough: this waits on every live array
         of the device's backend (one C++ call, no per-array Python work). Waiting on sibling
         devices of the same backend as well is harmless for SINGA's uses (timing, step ends).
+        A computation that failed has finished too: its error is raised where its value is
+        read, not here (a failed step's arrays may live on until they are collected).
         """
-        jax.block_until_ready(self.jax_device.client.live_arrays())
+        arrays = self.jax_device.client.live_arrays()
+        try:
+            jax.block_until_ready(arrays)
+        except jax.errors.JaxRuntimeError:
+            for a in arrays:  # one by one, past the failed ones
+                try:
+                    a.block_until_ready()
+                except jax.errors.JaxRuntimeError:
+                    pass
 
     def ResetGraph(self) -> None:
         """SINGA drops its buffered op graph; XLA programs are cached per step, nothing to drop."""
