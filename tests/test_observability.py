@@ -105,7 +105,7 @@ def test_verbosity_1_prints_forward_backward_and_update(graph, capsys):
     m = _model(dev, graph, x, hidden=512, classes=10)
     dev.SetVerbosity(1)
     dev.SetSkipIteration(2)
-    for _ in range(4):
+    for _ in range(8):  # 6 profiled: a step's times are averaged, so one preempted op is diluted
         m(x, y)
     dev.PrintTimeProfiling()
     out = capsys.readouterr().out.strip().splitlines()
@@ -122,7 +122,7 @@ def test_verbosity_1_prints_forward_backward_and_update(graph, capsys):
     assert min(found.values()) > 0
     assert found["Forward Propagation Time"] + found["Backward Propagation Time"] > \
         found["Parameter Update Time"]
-    assert dev.time_profile()["iterations"] == 2
+    assert dev.time_profile()["iterations"] == 6
 
 
 def test_verbosity_0_profiles_nothing_and_skipped_steps_are_not_profiled(capsys):
