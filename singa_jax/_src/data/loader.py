@@ -513,6 +513,12 @@ class DeviceLoader:
         """Continue from :meth:`get_state`'s ``state``: the next ``iter(loader)`` or
         ``loader.epoch(state["epoch"])`` yields that epoch's batches from ``state["batch"]``
         on, the batches an uninterrupted loop would have taken next."""
+        self._resume = self.checked_state(state)
+        self._next_epoch = self._resume[0]
+
+    def checked_state(self, state: Mapping[str, Any]) -> Tuple[int, int]:
+        """``(epoch, batch)`` that :meth:`set_state` would continue at (the end of an epoch is the
+        start of the next), or a ValueError naming what is wrong; changes nothing."""
         try:
             epoch, batch = int(state["epoch"]), int(state["batch"])
         except (TypeError, KeyError, ValueError) as e:
@@ -524,8 +530,7 @@ class DeviceLoader:
                              f"position of this loader ({total} batches per epoch)")
         if total is not None and batch == total:
             epoch, batch = epoch + 1, 0
-        self._resume = (epoch, batch)
-        self._next_epoch = epoch
+        return epoch, batch
 
     def __len__(self) -> int:
         if self.batches_per_epoch is None:

@@ -4,7 +4,7 @@ of rematerialised layer calls (:mod:`.remat`)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import jax
 import numpy as np
@@ -13,7 +13,22 @@ from singa_jax._src.base import modes
 from singa_jax._src.runtime import device as device_mod
 from singa_jax._src.tensor.tensor import Tensor
 
-__all__ = ["bound_arrays", "bound_keys", "as_input", "as_output", "is_tensor"]
+__all__ = ["run_forward", "bound_arrays", "bound_keys", "as_input", "as_output", "is_tensor"]
+
+
+def run_forward(layer: Any, bound: Dict[str, Tensor], values: Dict[str, Any],
+                state: Dict[str, Tensor], inputs: Tuple, training: bool, key: Optional[jax.Array],
+                home: Any) -> Tuple[Any, Dict[str, Any], List[bool]]:
+    """``layer.forward`` on arrays, nothing recorded: the ``bound`` Tensors hold ``values`` and
+    every device draws from ``key`` for the call. Returns the outputs (arrays, in the forward's
+    structure), the ``state`` Tensors' values after it, and whether it drew random numbers."""
+    with modes.trace_hook(None), modes.training_mode(training), modes.no_grad(), \
+            bound_arrays(bound, values), bound_keys(key) as drew:
+        args = jax.tree_util.tree_map(lambda v: as_input(v, home), inputs, is_leaf=is_tensor)
+        out = layer.forward(*args)
+        outputs = jax.tree_util.tree_map(as_output, out, is_leaf=is_tensor)
+        new_state = {k: t.array for k, t in state.items()}
+    return outputs, new_state, drew
 
 
 def is_tensor(v: Any) -> bool:

@@ -30,8 +30,7 @@ import jax
 import numpy as np
 
 from singa_jax._src.autodiff.function import Function
-from singa_jax._src.base import modes
-from singa_jax._src.layers.pure import as_input, as_output, bound_arrays, bound_keys, is_tensor
+from singa_jax._src.layers.pure import run_forward
 from singa_jax._src.tensor.tensor import Tensor
 
 __all__ = ["POLICIES", "checked_policy", "inside", "call"]
@@ -89,20 +88,16 @@ class _Spec:
 
     def run(self, params: Tuple, state: Tuple, inputs: Tuple, key: Any) -> Tuple[list, list]:
         """The layer's forward on arrays: (its flat outputs, its state after the call)."""
+        values = {**dict(zip(self.params, params)), **dict(zip(self.states, state))}
         _local.depth = getattr(_local, "depth", 0) + 1
         try:
-            with modes.trace_hook(None), modes.training_mode(True), modes.no_grad(), \
-                    bound_arrays(self.params, dict(zip(self.params, params))), \
-                    bound_arrays(self.states, dict(zip(self.states, state))), \
-                    bound_keys(key) as drew:
-                out = self.layer.forward(*[as_input(x, self.home) for x in inputs])
-                leaves, treedef = jax.tree_util.tree_flatten(out, is_leaf=is_tensor)
-                outputs = [as_output(v) for v in leaves]
-                new_state = [t.array for t in self.states.values()]
+            out, new_state, drew = run_forward(self.layer, {**self.params, **self.states}, values,
+                                               self.states, inputs, True, key, self.home)
         finally:
             _local.depth -= 1
+        outputs, treedef = jax.tree_util.tree_flatten(out)
         self._last = (treedef, drew)
-        return outputs, new_state
+        return outputs, list(new_state.values())
 
 
 class RematCall(Function):

@@ -41,7 +41,8 @@ from singa_jax._src.tensor.creation import to_numpy
 from singa_jax._src.base.dtypes import singa_dtype_code
 
 __all__ = ["TENSOR_DICT_FILENAME", "STATES_ATTR_FILENAME", "MODEL_STATE_TYPE", "AUX_STATE_TYPE",
-           "save_states", "write_archive", "read_states", "check_against", "host_array"]
+           "save_states", "write_archive", "read_states", "check_against", "host_array",
+           "is_state_value"]
 
 TENSOR_DICT_FILENAME = "tensor_dict.npz"
 STATES_ATTR_FILENAME = "states_attr.json"
@@ -49,17 +50,23 @@ MODEL_STATE_TYPE = 0
 AUX_STATE_TYPE = 1
 
 
+def is_state_value(value: Any) -> bool:
+    """Whether a checkpoint can hold ``value``: a Tensor, an array or a number (not a bool)."""
+    return isinstance(value, Tensor) or (hasattr(value, "shape") and hasattr(value, "dtype")) \
+        or (isinstance(value, (int, float, np.number)) and not isinstance(value, bool))
+
+
 def host_array(what: str, name: str, value: Any) -> np.ndarray:
     """``value`` (a Tensor, array or number) as a NumPy array for the archive."""
-    if isinstance(value, Tensor):
-        arr = to_numpy(value)
-    elif hasattr(value, "shape") and hasattr(value, "dtype"):
-        arr = np.asarray(value)
-    elif isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
-        arr = np.asarray(value, np.float32 if isinstance(value, float) else np.int32)
-    else:
+    if not is_state_value(value):
         raise TypeError(f"save_states: {what} '{name}' must be a Tensor, an array or a number, got "
                         f"{type(value).__name__}")
+    if isinstance(value, Tensor):
+        arr = to_numpy(value)
+    elif hasattr(value, "shape"):
+        arr = np.asarray(value)
+    else:
+        arr = np.asarray(value, np.float32 if isinstance(value, float) else np.int32)
     if arr.dtype.kind == "V" or arr.dtype.name == "bfloat16":  # no SINGA/NumPy code: widen
         arr = arr.astype(np.float32)
     return arr

@@ -9,10 +9,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 
-from singa_jax._src.base import modes
 from singa_jax._src.graph.layout import tensors_in
 from singa_jax._src.layers.base import Layer
-from singa_jax._src.layers.pure import as_input, as_output, bound_arrays, bound_keys, is_tensor
+from singa_jax._src.layers.pure import run_forward
 from singa_jax._src.runtime import device as device_mod
 from singa_jax._src.tensor.tensor import Tensor
 
@@ -37,14 +36,10 @@ def functional(model: Layer) -> Tuple[Callable[..., Tuple[Any, Dict[str, Any]]],
               ) -> Tuple[Any, Dict[str, Any]]:
         values = {**_checked_values(owner, "params", params, param_tensors),
                   **_checked_values(owner, "state", state, state_tensors)}
-        with lock, modes.trace_hook(None), modes.training_mode(training), modes.no_grad():
+        with lock:
             version = model.structure_version
-            with bound_arrays(bound, values), bound_keys(key) as drew:
-                args = jax.tree_util.tree_map(lambda v: as_input(v, home), inputs,
-                                              is_leaf=is_tensor)
-                out = model.forward(*args)
-                outputs = jax.tree_util.tree_map(as_output, out, is_leaf=is_tensor)
-                new_state = {k: t.array for k, t in state_tensors.items()}
+            outputs, new_state, drew = run_forward(model, bound, values, state_tensors, inputs,
+                                                   training, key, home)
             if model.structure_version != version:
                 _clear_traced_tensors(owner, model)
         if drew[0] and key is None:

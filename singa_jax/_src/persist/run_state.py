@@ -138,8 +138,7 @@ def take(step: int, model: Any, optimizer: Any = None, loader: Optional[DeviceLo
     if rng:
         aux.update(_generator_states())
     for name, value in (extra or {}).items():
-        if not (isinstance(value, Tensor) or (hasattr(value, "shape") and hasattr(value, "dtype"))
-                or (isinstance(value, (int, float, np.number)) and not isinstance(value, bool))):
+        if not checkpoint.is_state_value(value):
             raise TypeError(f"CheckpointManager.save: extra '{name}' must be a Tensor, an array "
                             f"or a number, got {type(value).__name__}")
         aux[EXTRA + str(name)] = _taken(_array(value))
@@ -200,11 +199,10 @@ def restore(path: str, model: Any, optimizer: Any = None,
     position = None
     if loader is not None and LOADER + "epoch" in aux:
         position = {"epoch": int(aux[LOADER + "epoch"]), "batch": int(aux[LOADER + "batch"])}
-        total = loader.batches_per_epoch
-        if total is not None and position["batch"] > total:
-            raise ValueError(f"CheckpointManager.restore: {path!r} resumes the loader at batch "
-                             f"{position['batch']} of epoch {position['epoch']}, but it has "
-                             f"{total} batches per epoch")
+        try:
+            loader.checked_state(position)
+        except ValueError as e:
+            raise ValueError(f"CheckpointManager.restore: {path!r}: {e}") from e
     # all checked: only now does anything change (the optimizer checks its own dict whole first)
     if opt_states:
         optimizer.set_states(opt_states)
