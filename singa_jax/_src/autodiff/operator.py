@@ -24,16 +24,16 @@ from singa_jax._src.tensor.tensor import CountView, result_tensor
 from singa_jax._src.eager import replay
 from singa_jax._src.eager.replay import Deferred, ArrayImpl
 
-__all__ = ["Operator", "Operation", "next_name"]
+__all__ = ["Operator", "Operation", "next_name", "op_numbers"]
 
 
-_op_names = [0]  # the next operator number (names ``Type#N``)
+op_numbers = [0]  # the next operator number (names ``Type#N``; the record path reads it inline)
 
 
 def next_name(prefix: str) -> str:
     """The next automatic operator name, ``prefix#N`` (SINGA's naming)."""
-    n = _op_names[0]
-    _op_names[0] = n + 1
+    n = op_numbers[0]
+    op_numbers[0] = n + 1
     return f"{prefix}#{n}"
 
 
@@ -52,7 +52,7 @@ class Operator(Node):
     declares it (see :class:`~singa_jax.autograd.Function`).
     """
 
-    op_count = CountView(_op_names)  # SINGA's count of operators named so far
+    op_count = CountView(op_numbers)  # SINGA's count of operators named so far
     takes_arrays = False  # True: forward/backward see jax.Arrays instead of CTensors
     # True when an input depends on a PyTorch-style leaf (``Tensor.tracked``): the op then keeps
     # its backward state whatever ``autograd.training`` says (see autograd.torch_style)

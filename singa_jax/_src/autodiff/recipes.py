@@ -25,15 +25,17 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 
+import jax
+
 from singa_jax._src.autodiff import residuals
 from singa_jax._src.autodiff.function import Function, NonDifferentiable
 from singa_jax._src.autodiff.kernels import (FLAT, forward_kernel, forward_vjp_kernel, interned,
                                              kept_pullback, op_error, split_state, store_writes)
-from singa_jax._src.autodiff.operator import next_name
+from singa_jax._src.autodiff.operator import op_numbers
 from singa_jax._src.autodiff.residuals import Residuals
 from singa_jax._src.base import observe, process_state
 from singa_jax._src.base.env import flag
-from singa_jax._src.base.modes import autocast_dtype, is_grad_enabled, is_training
+from singa_jax._src.base.modes import operator_modes
 from singa_jax._src.base.node import Dummy
 from singa_jax._src.eager import replay
 from singa_jax._src.eager.replay import Deferred
@@ -47,10 +49,6 @@ ENABLED = flag("SINGA_JAX_KIND_RECIPES")
 # an operator's attributes that each call sets (the rest is the kind's, for one signature)
 _PER_CALL = frozenset({"name", "src", "y_id2idx", "_pullback", "_flat", "_all_inputs"})
 _RECIPES_KEPT = 64  # per holder (a handle, the table's classes): keys beyond these go generic
-
-
-def _modes() -> Tuple[bool, bool, Any]:
-    return is_grad_enabled(), is_training(), autocast_dtype()
 
 
 class Recipe:
@@ -105,42 +103,56 @@ class Recipe:
 
     def record(self, xs: Sequence[Tensor]) -> Optional[Tensor]:
         """The output Tensor of this kind's operator on ``xs`` -- made as the generic path
-        makes it -- or None when the call's signature is not this recipe's."""
+        makes it -- or None when the call's signature is not this recipe's. The caller found
+        replay active (see :func:`kind_call`)."""
         # (the modes are part of the recipe's key in its holder: see kind_call)
-        if len(xs) != len(self.inputs) or not replay.active() or \
-                self.cls.fn is not self.fn:  # (the class's function replaced since)
+        if len(xs) != len(self.inputs) or self.cls.fn is not self.fn:  # (fn replaced since)
             return None
         device = self.device
         src = []
+        data = []
         for x, (aval, requires_grad, stores_grad, leaf) in zip(xs, self.inputs):
             if type(x) is not Tensor or x.device is not device or x.tracked or \
                     x.requires_grad != requires_grad or x.stores_grad != stores_grad:
                 return None
             creator = x.creator
-            if isinstance(creator, Dummy) is not leaf or x._data.aval != aval:
+            a = x._data
+            if (type(creator) is Dummy) is not leaf or a.aval != aval:
                 return None
             src.append((creator, id(x), x if stores_grad else None, stores_grad))
+            data.append(a)
         op = object.__new__(self.cls)
         state = op.__dict__
         state.update(self.attrs)
-        state["name"] = next_name(self.prefix)
+        n = op_numbers[0]
+        op_numbers[0] = n + 1
+        state["name"] = name = f"{self.prefix}#{n}"
         state["src"] = src
-        args = tuple([x._data for x in xs])
         writes = ()
         if self.stateful:
             writes = op.writes()
-            args += tuple([t._data for t in op.reads()])
+            data += [t._data for t in op.reads()]
+        args = tuple(data)
         try:
             if self.keeps:
-                ys, pullback, new_state = replay.run(forward_vjp_kernel, self.statics, args,
-                                                     device)
-                if type(ys) is Deferred and type(pullback) is Residuals:  # recorded
+                outs, step = replay.run_flat(forward_vjp_kernel, self.statics, args, device)
+                plan = None
+                if step is not None:  # recorded
+                    plan = step.memo
+                    if plan is None:
+                        plan = step.memo = _vjp_plan(step, len(args))
+                if plan:
                     # the pullback as the leaves a fused walk takes, gathered now: the walk
                     # reads them as they are
+                    ys_at, state_at, layout, positions = plan
+                    ys = outs[ys_at]
+                    new_state = [outs[i] for i in state_at]
                     state["_pullback"] = FLAT
-                    state["_flat"] = (residuals.leaves(pullback, args, (ys,)),
-                                      pullback.layout[0])
+                    state["_flat"] = (list(map((*args, ys, *outs).__getitem__, positions)),
+                                      layout)
                 else:
+                    ys, pullback, new_state = outs if step is None else \
+                        step.treedef.unflatten(outs)
                     state["_pullback"] = kept_pullback(pullback, args, ys, device)
                     state["_flat"] = None
                 state["_all_inputs"] = None if self.every is None else (args, self.every)
@@ -151,10 +163,36 @@ class Recipe:
                     ys, new_state = split_state(ys, len(writes))
         except (TypeError, ValueError) as e:  # (a signature that worked before: not expected)
             raise op_error(self.prefix, args, state.get("static", {}), e) from None
-        store_writes(writes, new_state)
-        y = op._output(ys, 0, device, self.requires_grad, True)  # (the engine's, as generic)
+        if writes:
+            store_writes(writes, new_state)
+        # the output Tensor, as the engine's Operator._output makes it for a recorded value
+        # (the trace hook is None: replay is active)
+        y = object.__new__(Tensor)
+        y._data = ys
+        y.device = device
+        y.requires_grad = self.requires_grad
+        y.stores_grad = False
+        y.name = f"{name}:0"
+        y.creator = op
+        if type(ys) is Deferred:  # (else run at once: a short sequence)
+            replay.bind(y, ys)
         state["y_id2idx"] = {id(y): 0}
         return y
+
+
+def _vjp_plan(step: Any, n_args: int) -> Any:
+    """Where a recorded forward_vjp call's flat outputs go: ``(index of the output, indices of
+    the new state, the pullback's treedef, each pullback leaf's position in ``(*args, output,
+    *flat outputs)``)`` -- what :func:`residuals.leaves` gathers, worked out once per recorded
+    call position -- or False for outputs of another form (the generic handling then)."""
+    ys, pullback, new_state = step.treedef.unflatten(list(range(len(step.avals))))
+    if type(ys) is not int or type(pullback) is not Residuals:
+        return False
+    state_at = tuple(jax.tree_util.tree_leaves(new_state))
+    computed = [n_args + 1 + i for i in pullback.computed]
+    positions = tuple(residuals.leaves(Residuals(computed, pullback.layout),
+                                       tuple(range(n_args)), (n_args,)))
+    return ys, state_at, pullback.layout[0], positions
 
 
 def recorded_by_kind(cls: type) -> bool:
@@ -171,19 +209,17 @@ def kind_call(holder: Optional[Dict[Hashable, Any]], key: Hashable, make: Callab
     generic path, which leaves the recipe of this call. ``holder`` (a handle's or the op
     table's dict; None: the generic path only) keeps one recipe per key and modes (grad,
     training, autocast)."""
-    if holder is None or not ENABLED or observe.on:  # (observers watch the engine's door)
-        return make()(*xs)[0]
+    if holder is None or not ENABLED or observe.on or not replay.active():
+        return make()(*xs)[0]  # (observers watch the engine's door)
     # one recipe per mode too: a training loop's evaluation in between (or PyTorch-style
     # no_grad) leaves the training call's recipe in place
-    modes = _modes()
+    modes = operator_modes()
     key = (key, modes)
     recipe = holder.get(key)
     if recipe is not None:
         y = recipe.record(xs)
         if y is not None:
             return y
-    if not replay.active():
-        return make()(*xs)[0]
     op = make()
     y = op(*xs)[0]
     if recipe is not None or len(holder) < _RECIPES_KEPT:

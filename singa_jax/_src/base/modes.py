@@ -27,8 +27,8 @@ from singa_jax._src.base.env import flag
 
 __all__ = ["is_training", "set_training", "TrainingFlagModule", "training_mode", "is_grad_enabled",
            "set_grad_enabled", "no_grad", "enable_grad", "is_backward_fused", "fused_backward",
-           "is_eager_replay", "eager_replay", "is_replay_speculating", "replay_speculation",
-           "is_reproducible", "reproducible", "autocast_dtype", "autocast_mode",
+           "is_eager_replay", "eager_replay_flag", "eager_replay", "is_replay_speculating", "replay_speculation",
+           "is_reproducible", "reproducible", "autocast_dtype", "autocast_mode", "operator_modes",
            "TraceHook", "current_trace_hook", "trace_hook", "traced_keys", "compile_time_eval",
            "in_compile_time_eval", "parameter_initialization", "in_parameter_initialization"]
 
@@ -183,6 +183,9 @@ def is_eager_replay() -> bool:
     return _EAGER_REPLAY.get()
 
 
+eager_replay_flag = _EAGER_REPLAY.get  # is_eager_replay without a frame (every operator reads it)
+
+
 class eager_replay(ScopedFlag):
     """Whether a recurring sequence of eager operators runs as one compiled program (default
     True) inside the block or the decorated function (this thread only); ``eager_replay(False)``
@@ -270,6 +273,14 @@ class autocast_mode(ScopedFlag):
     def __init__(self, dtype: Optional[Any]):
         super().__init__()
         self.mode = dtype
+
+
+def operator_modes() -> Tuple[bool, bool, Optional[Any]]:
+    """``(is_grad_enabled(), is_training(), autocast_dtype())`` in one call: the modes an
+    eager operator's recording depends on (read per operator)."""
+    training = _TRAINING.get()
+    return (_GRAD_ENABLED.get(), _training_default if training is None else training,
+            _AUTOCAST.get())
 
 
 # --- concrete evaluation inside a trace -------------------------------------------------------

@@ -36,8 +36,8 @@ training step's forward, fused backward walk and update), keeping eager semantic
   segment that cannot be compiled (a kernel reading values on the host) runs op by op from
   then on.
 * **Speculation.** Where a recurring segment's remaining outside inputs can be predicted (see
-  :class:`_Plan`), its program is called before the recording ends -- in a Model call, right
-  after its first kernel -- and the device runs it while the host records the rest; its
+  :mod:`.speculation`), its program is called before the recording ends -- in a Model call,
+  right after its first kernel -- and the device runs it while the host records the rest; its
   outputs are used only if every input turned out to be the predicted array.
 
 ``autograd.eager_replay(False)`` (a scope or decorator) or ``SINGA_JAX_EAGER_REPLAY=0`` runs
@@ -48,11 +48,13 @@ no operators: callers hand it a kernel ``call`` and its static arguments.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import math
 import operator
 import sys
 import threading
+from itertools import compress, repeat
 from weakref import ref as _weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -66,15 +68,30 @@ except ImportError:  # another JAX layout: nothing is recorded (every op runs at
 
 from singa_jax._src.base import observe, process_state
 from singa_jax._src.eager.launcher import launch_in_thread
+from singa_jax._src.eager.speculation import Plan, learn_plan, missed, predict
 from singa_jax._src.base.env import flag
-from singa_jax._src.base.modes import (current_trace_hook, in_compile_time_eval, is_eager_replay,
-                                       is_grad_enabled, is_replay_speculating, is_reproducible,
-                                       is_training)
+from singa_jax._src.base.modes import (current_trace_hook, eager_replay_flag,
+                                       in_compile_time_eval, is_grad_enabled,
+                                       is_replay_speculating, is_reproducible, is_training)
 from singa_jax._src.backend.xla_options import (kernel, launches_in_thread, no_trace_running,
                                                 replay_piece_calls)
 
-__all__ = ["Deferred", "run", "flush", "bind", "bind_all", "pending", "soften", "resolve_tree",
-           "call_arguments", "stats", "MAX_RECORDS", "MIN_RECORDS", "COMPILE_ON"]
+__all__ = ["Deferred", "run", "run_flat", "flush", "bind", "bind_all", "pending", "soften",
+           "resolve_tree", "call_arguments", "stats", "MAX_RECORDS", "MIN_RECORDS", "COMPILE_ON"]
+
+# Loops over every output or input of a step (a thousand and more) run as C-level maps
+_AVAL = operator.attrgetter("aval")
+_VALUE = operator.attrgetter("value")
+_INDEX = operator.attrgetter("index")
+_SEGMENT = operator.attrgetter("segment")
+_SOFT = operator.attrgetter("soft")
+_exhaust = collections.deque(maxlen=0).extend  # runs an iterator to its end
+
+
+def _set_each(objects: Any, name: str, values: Any) -> None:
+    """``setattr(o, name, v)`` for each pair of ``objects`` and ``values``."""
+    _exhaust(map(setattr, objects, repeat(name), values))
+
 
 # a segment is flushed when it holds this many kernel calls (a loop that never reads a value
 # would otherwise record without end)
@@ -145,7 +162,7 @@ class _Step:
     outputs' structure on the edge."""
 
     __slots__ = ("key", "parent", "next", "treedef", "avals", "single", "programs", "plan",
-                 "speculate", "last", "fails", "wait")
+                 "speculate", "last", "fails", "wait", "memo")
 
     def __init__(self, key: Optional[Tuple], known: Optional[Tuple[Any, Tuple]],
                  parent: Optional["_Step"] = None):
@@ -159,14 +176,16 @@ class _Step:
         # for a segment that ends here, by the outputs still referenced at its flush: the
         # flushes so far (an int), then the compiled program (after COMPILE_ON), or _UNCOMPILABLE
         self.programs: Dict[Optional[Tuple[int, ...]], Any] = {}
-        # speculation (see _Plan): on a node where segments end, the plan that predicts their
-        # outside inputs, what the last flush here saw (to learn one), the attempts that
+        # speculation (see .speculation): on a node where segments end, the plan that predicts
+        # their outside inputs, what the last flush here saw (to learn one), the attempts that
         # failed since the last hit and the flushes to wait before the next; on the node
         # where a plan's predictions begin, that plan
-        self.plan: Optional["_Plan"] = None
-        self.speculate: Optional["_Plan"] = None
+        self.plan: Optional[Plan] = None
+        self.speculate: Optional[Plan] = None
         self.last: Optional[Tuple] = None
         self.fails = self.wait = 0
+        # what the caller of run_flat derived from the outputs' structure (None: nothing yet)
+        self.memo: Any = None
 
 
 _ROOT = _Step(None, None)
@@ -201,7 +220,7 @@ class _Segment:
         # the arrays of the Model call that records this segment (see call_arguments), and
         # the program run ahead on predicted inputs (see _speculate): (plan, inputs, outputs)
         self.arguments, _local.arguments = _local.arguments, ()
-        self.spec: Optional[Tuple["_Plan", List[Any], Any]] = None
+        self.spec: Optional[Tuple[Plan, List[Any], Any]] = None
         # {call index: "layer path/Operator"} of the calls recorded while observed: its
         # program names them (a profile of the replayed step shows the Layers and operators)
         self.names: Optional[Dict[int, str]] = None
@@ -212,6 +231,7 @@ class _Segment:
         if self.done:
             return
         self.done = True
+        _stats["recorded"] += len(self.calls)  # (counted here, not per call)
         if _local.segment is self:
             _local.segment = None
             if not full:
@@ -222,17 +242,22 @@ class _Segment:
         programs = self.step.programs
         # the Tensors still holding an output of this segment (not rebound since, e.g. by a
         # rolled-back step restoring its old array), with the output each holds
-        held = []
-        for ref, i in zip(self.tensors, self.bound):
-            t = ref()
-            if t is not None and t._data is leaves[i]:
-                held.append((t, i))
+        tensors = list(map(operator.call, self.tensors))
+        outputs = list(map(leaves.__getitem__, self.bound))
+        holds = list(map(operator.is_, map(getattr, tensors, repeat("_data"), repeat(None)),
+                         outputs))
+        held_tensors = list(compress(tensors, holds))
+        held_outputs = list(compress(outputs, holds))
+        del tensors, outputs
         live = _referenced(leaves)
         if self.soft and live is not None:
             # less the soft outputs no Tensor holds (only pullbacks, which the recorded
             # backward walk of this segment has served)
-            kept = {i for _, i in held}
-            live = tuple([i for i in live if not leaves[i].soft or i in kept])
+            kept = set(compress(self.bound, holds))
+            live = tuple(compress(live, map(operator.or_,
+                                            map(operator.not_, map(_SOFT, map(leaves.__getitem__,
+                                                                              live))),
+                                            map(kept.__contains__, live))))
         if live not in programs and len(programs) >= _OUTPUT_SETS:
             live = None  # (this sequence ends with ever other outputs referenced: all of them)
         program = programs.get(live)
@@ -252,23 +277,22 @@ class _Segment:
             _stats["replayed"] += 1
             _learn(self, live, values)
             if live is not None:  # only what is referenced came back
-                for i, v in zip(live, values):
-                    leaves[i].value = v
+                _set_each(map(leaves.__getitem__, live), "value", values)
                 values = ()
         if values is None:
             values = _op_by_op(self.calls, self.externals, self.names)
             _stats["op_by_op"] += 1
-        for d, v in zip(leaves, values):
-            d.value = v
-        for t, i in held:
-            t._data = leaves[i].value
-        # the Tensors this flush rebound (see _Plan: a later segment's input that one of them
+        _set_each(leaves, "value", values)
+        _set_each(held_tensors, "_data", map(_VALUE, held_outputs))
+        # the Tensors this flush rebound (see Plan: a later segment's input that one of them
         # still holds is predicted as that Tensor's array then); read only when a plan is
         # learnt, so kept as the list of weak references it is
         _local.rebound = self.tensors
         # the inputs are dropped now, unless a soft output was not computed: then they are
         # kept while the segment lives, for recompute
-        if not (self.soft and any([d.value is None for d in leaves if d.soft])):
+        if not (self.soft and any(map(operator.is_, map(_VALUE, compress(leaves,
+                                                                          map(_SOFT, leaves))),
+                                      repeat(None)))):
             self.calls = self.externals = ()
         self.tensors = self.bound = self.leaves = self.arguments = ()
         self.names = None
@@ -290,9 +314,9 @@ class _Segment:
 _OUTPUT_SETS = 4
 _refcount = getattr(sys, "getrefcount", None)
 _probe = [object()]
-# what sys.getrefcount reports, in _referenced's comprehension, for an object that only the
-# segment's list of outputs holds
-_UNREFERENCED = [_refcount(d) for d in _probe][0] if _refcount is not None else 0
+# what sys.getrefcount reports, mapped over a list as in _referenced, for an object that only
+# the list holds
+_UNREFERENCED = list(map(_refcount, _probe))[0] if _refcount is not None else 0
 del _probe
 
 
@@ -303,8 +327,8 @@ def _referenced(leaves: List["Deferred"]) -> Optional[Tuple[int, ...]]:
     need not even materialise them (an evaluation forward's intermediates)."""
     if _refcount is None:
         return None
-    counts = [_refcount(d) for d in leaves]
-    return tuple([i for i, c in enumerate(counts) if c > _UNREFERENCED])
+    return tuple(compress(range(len(leaves)),
+                          map(operator.gt, map(_refcount, leaves), repeat(_UNREFERENCED))))
 
 
 _UNCOMPILABLE = object()
@@ -333,89 +357,25 @@ def _abstract_outputs(call: Callable, statics: Tuple, avals: Tuple) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# Speculation: a recurring segment's program starts before its recording ends.
-#
-# A replayed program is dispatched at the flush, once the host has recorded the whole
-# sequence: on an accelerator the device idles for all of the step's Python (SINGA's ResNet-50
-# on an H200: ~12 ms of a 35 ms step). But the inputs of a recurring training step are mostly
-# known early: parameters, buffers and optimizer slots are the outputs of the previous step's
-# program, hyperparameters are the same arrays as last time, and the batch is the Model call's
-# arguments. So when a segment reaches the point after which every outside input can be
-# predicted (a _Plan, learnt from two flushes of the same sequence), the program is called
-# there on the predicted inputs, and runs on the device while the host records the rest. At the
-# flush its outputs are used only if the segment recorded exactly that sequence and every
-# outside input IS (identity, not equality) the predicted array: the outputs are then those
-# the program would have computed from those very arrays. Otherwise they are dropped, and the
-# program runs on the recorded inputs as before. A plan that keeps missing is dropped.
-
-
-class _Plan:
-    """How to predict the outside inputs of a segment ending at ``end`` from the point
-    (``trigger``, after the call that binds the last unpredictable input, ``start`` inputs
-    bound) onwards. ``sources``: per later input, ``(_AGAIN, k)`` the segment's input ``k``
-    again, ``(_OUTPUT, j)`` output ``j`` of the program's last run (``values``),
-    ``(_SAME, array)`` the same array as last time, ``(_ARGUMENT, (i, aval))`` array ``i`` the
-    Model call started with (see :func:`call_arguments`), if it still has that aval,
-    ``(_HELD, ref)`` the array the Tensor ``ref()`` holds (a parameter another segment's program
-    updated: an evaluation forward after training steps)."""
-
-    __slots__ = ("end", "trigger", "live", "start", "sources", "values", "misses")
-
-    def __init__(self, end: _Step, trigger: _Step, live: Optional[Tuple[int, ...]], start: int,
-                 sources: List[Tuple[int, Any]], values: List[Any]):
-        self.end, self.trigger, self.live, self.start = end, trigger, live, start
-        self.sources, self.values = sources, values
-        self.misses = 0  # in a row
-
-
-# where a predicted input comes from (see _Plan)
-_AGAIN, _OUTPUT, _SAME, _ARGUMENT, _HELD = range(5)
-# mispredictions in a row that drop a plan
-_MISSES = 2
-# the longest wait, in flushes, before learning again after failed attempts (it doubles with
-# each: a sequence whose inputs cannot be predicted costs little)
-_LONGEST_WAIT = 64
-# calls that must be left to record after a plan's trigger: one (a user's loop's loss reads the
-# batch's labels, and after it come only the walk, the update and the step: three calls, but
-# most of the step's Python after the forward)
-_MIN_AHEAD = 1
+# Speculation (see .speculation): a recurring segment's program starts before its recording
+# ends, on inputs predicted by a Plan learnt from two flushes of the same sequence.
 
 
 def call_arguments(values: Sequence[Any]) -> None:
     """The arrays a Model call starts with -- its arguments (the batch), then its declared
     state (parameters, buffers, optimizer state) -- by position: the segment it records next
-    may find its inputs among them (see _Plan). ``()`` forgets them."""
+    may find its inputs among them (see :class:`.speculation.Plan`). ``()`` forgets them."""
     _local.arguments = tuple(values)
 
 
-def _speculate(segment: _Segment, plan: _Plan) -> None:
+def _speculate(segment: _Segment, plan: Plan) -> None:
     """Call ``plan``'s program on the segment's inputs so far and the predicted rest."""
-    predicted = list(segment.externals)
     program = plan.end.programs.get(plan.live)
-    if len(predicted) != plan.start or program is None or type(program) is int or \
-            program is _UNCOMPILABLE:
+    if program is None or type(program) is int or program is _UNCOMPILABLE:
         return
-    arguments, values = segment.arguments, plan.values
-    for kind, x in plan.sources:
-        if kind == _AGAIN:
-            v = predicted[x]
-        elif kind == _OUTPUT:
-            v = values[x]
-        elif kind == _SAME:
-            v = x
-        else:
-            if kind == _HELD:
-                t = x()
-                v, aval = (None if t is None else t._data), None
-            else:  # _ARGUMENT
-                i, aval = x
-                v = arguments[i] if i < len(arguments) else None
-            if type(v) is not ArrayImpl or (aval is not None and v.aval != aval):
-                # (e.g. a smaller last batch; or a loop that makes no Model call and would
-                # need another plan: a second time in a row drops this one)
-                _missed(plan)
-                return
-        predicted.append(v)
+    predicted = predict(plan, segment.externals, segment.arguments)
+    if predicted is None:
+        return
     if launches_in_thread(getattr(segment.device, "platform", "cpu")):
         outputs = launch_in_thread(program, predicted)
     else:
@@ -441,41 +401,8 @@ def _speculated(segment: _Segment, live: Optional[Tuple[int, ...]]) -> Optional[
         _stats["speculated"] += 1
         return outputs
     _stats["mispredicted"] += 1
-    _missed(plan)
+    missed(plan)
     return None
-
-
-def _missed(plan: _Plan) -> None:
-    # (one miss, e.g. where the training loop's phase changed -- an evaluation, a checkpoint
-    # loaded -- keeps the plan; a second in a row drops it)
-    plan.misses += 1
-    if plan.misses >= _MISSES:
-        _drop(plan)
-
-
-def _drop(plan: _Plan) -> None:
-    if plan.trigger.speculate is plan:
-        plan.trigger.speculate = None
-    end = plan.end
-    if end.plan is plan:
-        end.plan = None
-        _failed(end)
-
-
-def _failed(end: _Step) -> None:
-    end.fails += 1
-    end.wait = min(2 ** end.fails, _LONGEST_WAIT)
-    end.last = None
-
-
-def _holders(refs: Sequence[Any]) -> Dict[int, Any]:
-    """id of the array each live Tensor of ``refs`` (weak references) holds -> its reference."""
-    holders = {}
-    for ref in refs:
-        t = ref()
-        if t is not None:
-            holders[id(t._data)] = ref
-    return holders
 
 
 def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]) -> None:
@@ -498,44 +425,8 @@ def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]
     if end.wait == 1 or last is None or last[0] != live:
         end.wait = 0
         return
-    _, last_ids, last_values = last
-    outputs = {id(v): j for j, v in enumerate(last_values)}
-    arguments = {id(a): i for i, a in enumerate(segment.arguments)}
-    holders = _holders(_local.rebound)  # (the flush before this one's)
-    first: Dict[int, int] = {}
-    sources: List[Any] = []
-    unknown = -1
-    for k, e in enumerate(externals):
-        i = id(e)
-        holder = holders.get(i)
-        if first.setdefault(i, k) != k:
-            sources.append((_AGAIN, first[i]))
-        elif i in arguments:
-            sources.append((_ARGUMENT, (arguments[i], e.aval)))
-        elif i in outputs:
-            sources.append((_OUTPUT, outputs[i]))
-        elif holder is not None and getattr(holder(), "_data", None) is e:
-            sources.append((_HELD, holder))
-        elif k < len(last_ids) and last_ids[k] == i:
-            sources.append((_SAME, e))
-        else:
-            sources.append(None)
-            unknown = k
-    # the trigger: the call that binds the last unpredictable input (or the first call)
-    bound = 0
-    calls = segment.calls
-    for depth, (_, _, inputs) in enumerate(calls, 1):
-        bound += sum([type(r) is not int for r in inputs])
-        if bound > unknown:
-            break
-    if len(calls) - depth < _MIN_AHEAD:  # (nothing much would run ahead)
-        _failed(end)
-        return
-    trigger = end
-    for _ in range(len(calls) - depth):
-        trigger = trigger.parent
-    end.last = None
-    end.plan = trigger.speculate = _Plan(end, trigger, live, bound, sources[bound:], values)
+    learn_plan(end, live, last, values, externals, segment.arguments, segment.calls,
+               _local.rebound)
 
 
 _stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0, "recomputed": 0,
@@ -575,7 +466,7 @@ def _forget_sequences() -> None:
 
 def active() -> bool:
     """Whether an operator called now may be recorded (replay on, no trace running)."""
-    return (not _ENV_OFF and is_eager_replay() and current_trace_hook() is None
+    return (not _ENV_OFF and eager_replay_flag() and current_trace_hook() is None
             and not in_compile_time_eval() and no_trace_running())
 
 
@@ -617,25 +508,49 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
     are hashable; ``device`` is the inputs' Device when the caller found replay :func:`active`
     (the engine asks once per operator), None to run at once. Returns the kernel's output
     pytree, with Deferred leaves when recorded."""
+    outs, step = run_flat(call, statics, args, device)
+    if step is None:
+        return outs
+    return outs[0] if step.single else step.treedef.unflatten(outs)
+
+
+def run_flat(call: Callable, statics: Tuple, args: Sequence[Any], device: Any
+             ) -> Tuple[Any, Optional[_Step]]:
+    """:func:`run` with the outputs as they are: ``(the output leaves, a list of Deferred, and
+    the recorded call's node)`` when recorded -- the node's :attr:`_Step.treedef` orders the
+    leaves and its :attr:`_Step.memo` keeps what a caller derives from that structure, once --
+    else ``(the output pytree, None)``, run at once."""
     if device is None:
-        return call(*statics, *resolve_all(args))
+        return call(*statics, *resolve_all(args)), None
     local = _local
     if not local.recording:  # short sequences run at once (see MIN_RECORDS)
         local.ran += 1
-        return call(*statics, *resolve_all(args))
+        return call(*statics, *resolve_all(args)), None
     segment = local.segment
     own = segment if segment is not None and segment.device is device else None
-    inputs = []  # per input: an output index of this segment, or the aval of an outside value
-    for a in args:
-        kind = type(a)
-        if kind is Deferred:
-            inputs.append(a.index if a.segment is own else a.aval)
-        elif kind is ArrayImpl:
-            inputs.append(a.aval)
-        else:  # a tracer, a NumPy array, a host value: not replayable
-            return call(*statics, *resolve_all(args))
-    inputs = tuple(inputs)
-    key = (call, statics, inputs)
+    if len(args) > _FEW:
+        inputs, outside, foreign = _many_inputs(args, own)
+        if inputs is None:  # (a tracer, a NumPy array, a host value: not replayable)
+            return call(*statics, *resolve_all(args)), None
+    else:
+        inputs = []  # per input: an output index of this segment, or an outside value's aval
+        outside = []  # the outside inputs
+        foreign = False  # whether one is a Deferred of another segment (resolved below)
+        for a in args:
+            kind = type(a)
+            if kind is Deferred:
+                if a.segment is own:
+                    inputs.append(a.index)
+                else:
+                    inputs.append(a.aval)
+                    outside.append(a)
+                    foreign = True
+            elif kind is ArrayImpl:
+                inputs.append(a.aval)
+                outside.append(a)
+            else:  # a tracer, a NumPy array, a host value: not replayable
+                return call(*statics, *resolve_all(args)), None
+    key = (call, statics, tuple(inputs))
     parent = _ROOT if own is None else own.step
     step = parent.next.get(key)
     if step is None:  # a call not recorded at this point of a sequence before
@@ -645,37 +560,55 @@ def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any
             known = _OUTPUTS[signature] = _abstract_outputs(call, statics, signature[2])
         if known is _UNKNOWN:  # (its trace failed: run at once, the call raises its error)
             local.ran += 1
-            return call(*statics, *resolve_all(args))
+            return call(*statics, *resolve_all(args)), None
         step = parent.next.setdefault(key, _Step(key, known, parent))
     if own is None:
         if segment is not None:
             segment.flush()
         segment = local.segment = _Segment(device)
-    externals = segment.externals
-    for a, r in zip(args, inputs):
-        if type(r) is not int:
-            externals.append(a.get() if type(a) is Deferred else a)
+    segment.externals += resolve_all(outside) if foreign else outside
     leaves = segment.leaves
     start = len(leaves)
     if step.single:
-        out = Deferred(step.avals[0], segment, start)
-        leaves.append(out)
+        outs = [Deferred(step.avals[0], segment, start)]
     else:
-        outs = [Deferred(aval, segment, start + i) for i, aval in enumerate(step.avals)]
-        leaves.extend(outs)
-        out = step.treedef.unflatten(outs)
+        avals = step.avals
+        outs = list(map(Deferred, avals, repeat(segment), range(start, start + len(avals))))
+    leaves += outs
     # the node's own key (the one just built for the lookup is dropped: less for the GC)
-    segment.calls.append(step.key)
+    calls = segment.calls
+    calls.append(step.key)
     segment.step = step
     if observe.on:
         _name_call(segment)
-    _stats["recorded"] += 1
     if step.speculate is not None and segment.spec is None and is_replay_speculating() and \
             segment.limit == MAX_RECORDS:  # (a piece runs while the next is recorded already)
         _speculate(segment, step.speculate)
-    if len(segment.calls) >= segment.limit:
+    if len(calls) >= segment.limit:
         segment.flush(full=True)
-    return out
+    return outs, step
+
+
+_FEW = 8  # inputs a call's loop takes one by one (a backward walk, an update: maps)
+_INPUT_FIELD = ("aval", "index")  # per input: by whether it is an output of the segment
+_RECORDABLE = frozenset({Deferred, ArrayImpl})
+
+
+def _many_inputs(args: Sequence[Any], own: Optional[_Segment]
+                 ) -> Tuple[Optional[List[Any]], List[Any], bool]:
+    """:func:`run_flat`'s loop over the inputs, for a call of many: ``(per input its output
+    index in ``own`` or its aval, the outside inputs, whether one is a Deferred of another
+    segment)``; ``(None, [], False)`` when an input is neither an array nor a Deferred."""
+    kinds = set(map(type, args))
+    if not kinds <= _RECORDABLE:
+        return None, [], False
+    if own is None or Deferred not in kinds:
+        return list(map(_AVAL, args)), list(args), Deferred in kinds
+    mine = list(map(operator.is_, map(getattr, args, repeat("segment"), repeat(None)),
+                    repeat(own)))
+    inputs = list(map(getattr, args, map(_INPUT_FIELD.__getitem__, mine)))
+    outside = list(compress(args, map(operator.not_, mine)))
+    return inputs, outside, Deferred in set(map(type, outside))
 
 
 def _name_call(segment: _Segment) -> None:
@@ -704,6 +637,16 @@ def bind_all(tensors: Sequence[Any], values: Sequence[Any]) -> None:
     """:func:`bind` each of ``tensors`` to its value of ``values`` -- a :class:`Deferred` or,
     for a kernel run at once, an array -- in one pass (an update rebinds every parameter and
     slot of a model)."""
+    segment = values[0].segment if values and type(values[0]) is Deferred else None
+    if segment is not None and len(tensors) == len(values) and \
+            all(map(operator.is_, map(type, values), repeat(Deferred))) and \
+            all(map(operator.is_, map(_SEGMENT, values), repeat(segment))) and \
+            all(map(operator.is_, map(_VALUE, values), repeat(None))):
+        # (the usual case -- every value pending in one segment -- without a loop in Python)
+        _set_each(tensors, "_data", values)
+        segment.tensors += map(_weakref, tensors)
+        segment.bound += map(_INDEX, values)
+        return
     for t, v in zip(tensors, values):
         if type(v) is Deferred:
             bind(t, v)
@@ -728,10 +671,12 @@ def soften(values: Sequence[Any]) -> None:
     segment = _local.segment
     if segment is None:
         return
-    for v in values:
-        if type(v) is Deferred and v.segment is segment and v.value is None:
-            v.soft = True
-            segment.soft = True
+    pending = list(compress(values, map(operator.is_, map(getattr, values, repeat("segment"),
+                                                          repeat(None)), repeat(segment))))
+    pending = list(compress(pending, map(operator.is_, map(_VALUE, pending), repeat(None))))
+    if pending:
+        _set_each(pending, "soft", repeat(True))
+        segment.soft = True
 
 
 def flush() -> None:
@@ -758,4 +703,8 @@ def stats() -> Dict[str, int]:
     run op by op, programs compiled, flushed segments rerun for a soft output (recomputed),
     programs started ahead on predicted inputs (speculated, mispredicted), and segments a
     value read before their step ended (reads)."""
-    return dict(_stats)
+    counts = dict(_stats)
+    segment = _local.segment
+    if segment is not None and not segment.done:  # (this thread's calls not flushed yet)
+        counts["recorded"] += len(segment.calls)
+    return counts

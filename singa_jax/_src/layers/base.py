@@ -326,9 +326,10 @@ class Layer(object, metaclass=LayerMeta):
         cls = type(self)
         if cls.device_check is not Layer.device_check or cls.dtype_check is not Layer.dtype_check:
             return False
-        dev, dtype = x.device, x.dtype
+        # (the arrays' avals: a Tensor's dtype and its array's are properties, two frames each)
+        dev, dtype = x.device, x._data.aval.dtype
         for t in params:
-            if t is not None and (t.device is not dev or t.dtype != dtype):
+            if t is not None and (t.device is not dev or t._data.aval.dtype != dtype):
                 return False
         return True
 
