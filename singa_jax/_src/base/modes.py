@@ -27,8 +27,9 @@ from singa_jax._src.base.env import flag
 
 __all__ = ["is_training", "set_training", "TrainingFlagModule", "training_mode", "is_grad_enabled",
            "set_grad_enabled", "no_grad", "enable_grad", "is_backward_fused", "fused_backward",
-           "is_eager_replay", "eager_replay_flag", "eager_replay", "is_replay_speculating", "replay_speculation",
-           "is_reproducible", "reproducible", "autocast_dtype", "autocast_mode", "operator_modes",
+           "is_eager_replay", "eager_replay_flag", "eager_replay", "is_replay_speculating",
+           "replay_speculation", "is_reproducible", "reproducible", "autocast_dtype",
+           "autocast_mode", "operator_modes",
            "TraceHook", "current_trace_hook", "trace_hook", "traced_keys", "compile_time_eval",
            "in_compile_time_eval", "parameter_initialization", "in_parameter_initialization"]
 
