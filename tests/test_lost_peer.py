@@ -1,8 +1,8 @@
-"""A rank of a 2-process DistOpt run dies (SIGKILL): the other rank stops within the peer
-time-out with ONE line on stderr naming the lost rank and its last checkpoint, never hangs and
-never dies by JAX's SIGABRT; its main thread, when in Python, gets ``PeerLostError`` and can
-react; a blocked one ends with exit status 75. A normal run whose ranks finish seconds apart
-exits 0 on both, with no such line.
+"""A rank of a 2-process DistOpt run dies (SIGKILL; rank 0, which started the coordination
+service, included): the other rank stops within the peer time-out with ONE line on stderr
+naming the lost rank and its last checkpoint, never hangs and never dies by JAX's SIGABRT; its
+main thread, when in Python, gets ``PeerLostError`` and can react; a blocked one ends with exit
+status 75. A normal run whose ranks finish seconds apart exits 0 on both, with no such line.
 
 Each rank is its own ``python`` process started here (the launcher-env path for one run,
 ``nccl_id='host:port'`` for the others), with subprocess time-outs so that no test can hang.
@@ -60,7 +60,7 @@ SCRIPT = COMMON.replace("THRESHOLD", "20") + textwrap.dedent('''
             last_checkpoint.record(path)
         if scenario != "finish" and step == KILL_AT:
             ready = os.path.join(work, "ready")
-            victim = 0 if scenario == "raise0" else 1
+            victim = 0 if scenario in ("raise0", "kill0") else 1
             if rank == victim:  # graph_kill: at once, the other trains on; else: it waits
                 while scenario != "graph_kill" and not os.path.exists(ready):
                     time.sleep(0.05)
@@ -69,7 +69,8 @@ SCRIPT = COMMON.replace("THRESHOLD", "20") + textwrap.dedent('''
                 die()
             tensor.to_numpy(net.get_params()["fc.W"])  # this rank's steps are complete
             open(ready, "w").close()
-            if scenario.startswith("raise"):  # between steps, in Python; PeerLostError uncaught
+            if scenario.startswith("raise") or scenario == "kill0":
+                # between steps, in Python; PeerLostError uncaught
                 while True:
                     time.sleep(0.05)
             if scenario == "eager_catch":  # between steps, in Python
@@ -126,6 +127,7 @@ def run_pair(tmp_path, scenario):
             if p.poll() is None:
                 p.kill()
                 p.communicate()
+    results["address"] = address
     killed = tmp_path / "killed"
     return results, float(killed.read_text()) if killed.exists() else None
 
@@ -135,22 +137,25 @@ def lost_lines(stderr):
             if line.startswith("DistOpt: rank ") and " lost rank" in line]
 
 
-def check_stopped(results, killed, status=None):
-    """Rank 1 died by SIGKILL; rank 0 stopped, soon, with one line and not by a signal."""
-    code1, _, _, _ = results[1]
-    code0, err0, out0, end0 = results[0]
-    assert code1 == -signal.SIGKILL, (code1, results[1][1][-2000:])
+def check_stopped(results, killed, status=None, victim=1):
+    """Rank ``victim`` died by SIGKILL; the other stopped, soon, with one line and not by a
+    signal."""
+    other = 1 - victim
+    code_v, _, _, _ = results[victim]
+    code_o, err_o, out_o, end_o = results[other]
+    assert code_v == -signal.SIGKILL, (code_v, results[victim][1][-2000:])
     assert killed is not None
-    assert code0 > 0 if status is None else code0 == status, (code0, err0[-3000:])
-    assert "TRAINED ON" not in out0
-    assert "Terminating process because the JAX distributed service" not in err0
-    lines = lost_lines(err0)
-    assert len(lines) == 1, err0[-3000:]
+    assert code_o > 0 if status is None else code_o == status, (code_o, err_o[-3000:])
+    assert "TRAINED ON" not in out_o
+    assert "Terminating process because the JAX distributed service" not in err_o
+    lines = lost_lines(err_o)
+    assert len(lines) == 1, err_o[-3000:]
     line = lines[0]
-    assert line.startswith("DistOpt: rank 0 of 2 lost rank 1: no heartbeat for "), line
+    assert line.startswith(f"DistOpt: rank {other} of 2 lost rank {victim}: no heartbeat for "), \
+        line
     assert f"SINGA_JAX_PEER_TIMEOUT={PEER_TIMEOUT}" in line, line
-    took = end0 - killed
-    print(f"kill -> rank 0 exit: {took:.1f}s (status {code0})")
+    took = end_o - killed
+    print(f"kill -> rank {other} exit: {took:.1f}s (status {code_o})")
     assert took < 4 * PEER_TIMEOUT + 10, took  # ~ timeout + beat interval + grace
     return line
 
@@ -169,6 +174,25 @@ def test_graph_mode_rank_killed_other_rank_stops_with_one_line_and_checkpoint(tm
     net.compile([tx], is_train=True, use_graph=False)
     net.load_states(checkpoint)
     assert all(np.isfinite(tensor.to_numpy(v)).all() for v in net.get_states().values())
+
+
+def test_rank0_killed_other_rank_stops_with_one_line_and_the_service_ends(tmp_path):
+    """Rank 0 started the coordination service in a process of its own: its death is a lost
+    peer like any other (JAX's client on rank 1 does not abort), and the service's process
+    ends once no rank is connected, freeing the port."""
+    results, killed = run_pair(tmp_path, "kill0")
+    line = check_stopped(results, killed, victim=0)
+    assert line.endswith(f"Resume from the last checkpoint: {tmp_path / 'rank1.zip'}"), line
+    port = int(results["address"].rsplit(":", 1)[1])
+    deadline = time.time() + 15
+    while True:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                assert time.time() < deadline, "the coordination service still holds its port"
+        time.sleep(0.5)
 
 
 def test_main_thread_in_python_catches_peer_lost_error(tmp_path):
@@ -193,8 +217,7 @@ def test_main_thread_blocked_in_a_call_ends_with_status_75(tmp_path):
 @pytest.mark.parametrize("victim", [1, 0])
 def test_rank_ending_with_an_error_stops_the_other_at_once(tmp_path, victim):
     """A rank raises: it publishes that it failed as it exits, so the other stops within a
-    beat or two instead of waiting for it (alive in its exit) in its next collective. The
-    coordinator (rank 0) failing stays up until the other has left: JAX would abort it."""
+    beat or two instead of waiting for it (alive in its exit) in its next collective."""
     results, _ = run_pair(tmp_path, "raise0" if victim == 0 else "raise")
     other = 1 - victim
     code_v, err_v, _, _ = results[victim]
@@ -203,11 +226,10 @@ def test_rank_ending_with_an_error_stops_the_other_at_once(tmp_path, victim):
     assert code_o == 75, (code_o, err_o[-3000:])
     lines = lost_lines(err_o)
     assert len(lines) == 1, err_o[-3000:]
-    who = "rank 0 (the coordinator)" if victim == 0 else "rank 1"
     assert lines[0] == (
-        f"DistOpt: rank {other} of 2 lost {who}: its program ended with an error; this rank "
-        f"stops (PeerLostError in the main thread, then exit status 75). Resume from the last "
-        f"checkpoint: {tmp_path / f'rank{other}.zip'}"), lines[0]
+        f"DistOpt: rank {other} of 2 lost rank {victim}: its program ended with an error; this "
+        f"rank stops (PeerLostError in the main thread, then exit status 75). Resume from the "
+        f"last checkpoint: {tmp_path / f'rank{other}.zip'}"), lines[0]
     assert "PeerLostError" in err_o  # the uncaught error's traceback
     assert not lost_lines(err_v), err_v[-3000:]
     for err in (err_v, err_o):

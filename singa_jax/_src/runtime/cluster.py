@@ -3,6 +3,7 @@ launchers it detects (mpirun, SLURM, TPU pods), the bounded time-outs, the cross
 of eager mode, and the consistency check between ranks (:func:`agree`)."""
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing.util
 import numbers
@@ -11,14 +12,14 @@ import sys
 import threading
 import time
 from functools import partial
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from singa_jax._src.runtime import peer_watch
+from singa_jax._src.runtime import coordination_service, peer_watch
 
 
 TIMEOUT_ENV = "SINGA_JAX_DIST_TIMEOUT"  # seconds a rank waits for the others (default 120)
@@ -150,10 +151,11 @@ def _initialize(address: Optional[str], world_size: Optional[int], rank: Optiona
     # JAX's own detection of a dead rank aborts every process: the watch must act first
     heartbeat = peer_watch.jax_heartbeat_timeout(peer_timeout, max(10, timeout))
     try:
-        jax.distributed.initialize(address, num_processes=world_size, process_id=rank,
-                                   local_device_ids=local_device_ids,
-                                   initialization_timeout=timeout + 30,
-                                   heartbeat_timeout_seconds=heartbeat)
+        with _service_in_own_process():
+            jax.distributed.initialize(address, num_processes=world_size, process_id=rank,
+                                       local_device_ids=local_device_ids,
+                                       initialization_timeout=timeout + 30,
+                                       heartbeat_timeout_seconds=heartbeat)
         # Leave the run together at exit (a shutdown barrier, once every rank is done): without
         # it the first process to exit takes the coordination service down and JAX kills the
         # others. multiprocessing's finalizers also run in forked workers, which skip atexit.
@@ -170,6 +172,21 @@ def _initialize(address: Optional[str], world_size: Optional[int], rank: Optiona
     from jax._src.distributed import global_state  # the coordination client JAX started
     peer_watch.start(global_state.client, global_state.process_id, global_state.num_processes,
                      peer_timeout, heartbeat)
+
+
+@contextlib.contextmanager
+def _service_in_own_process() -> Iterator[None]:
+    """While JAX initializes: process 0 starts the coordination service in a child process
+    (:mod:`.coordination_service`) where JAX would start it in this one, so that this
+    process's death leaves the other ranks a service to notice it through."""
+    from jax._src import distributed  # the module JAX's initialize looks the factory up in
+    lib = distributed._jax
+    own = lib.get_distributed_runtime_service
+    lib.get_distributed_runtime_service = coordination_service.start
+    try:
+        yield
+    finally:
+        lib.get_distributed_runtime_service = own
 
 
 def _rendezvous_timed_out(where: str, address: str, world_size: Optional[int],

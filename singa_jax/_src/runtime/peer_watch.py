@@ -6,16 +6,18 @@ process then aborts (measured with jaxlib 0.10.2: 4.9 s after a SIGKILL with a 5
 118 s with 120 s). The ``missed_heartbeat_callback`` its client accepts cannot call Python
 (jaxlib 0.10.2 aborts with ``std::bad_cast`` converting the status), and a process that exits
 with a dead peer still waits in the client's shutdown barrier (run by the client's destructor
-too) until that abort. When rank 0, which hosts the service, dies, the other clients abort at
-once (0.1 s): nothing in Python can run then.
+too) until that abort. The service therefore runs in a process of its own
+(:mod:`.coordination_service`): rank 0's death stops its heartbeat like any other rank's. When
+the service's process itself dies (rank 0's host lost whole), the other clients abort at once
+(0.1 s): nothing in Python can run then.
 
 So each rank runs a watch here, two daemon threads waking every ``interval`` (at most 2 s):
 
 * the *beat* thread writes this rank's heartbeat counter to the coordination service's
   key-value store and reads every rank's counter and published state in one call (0.25 ms);
 * the *watch* thread declares lost a rank whose counter has not changed for ``timeout``
-  seconds of successful reads, a rank that published that it failed or left, or the
-  coordinator (rank 0) when this rank's own reads have failed for ``timeout`` seconds.
+  seconds of successful reads, a rank that published that it failed or left, or rank 0 (whose
+  child process the service is) when this rank's own reads have failed for ``timeout`` seconds.
 
 On a loss it writes one line to stderr (lost ranks, this rank, why, the last checkpoint),
 raises :class:`PeerLostError` in the main thread (``PyThreadState_SetAsyncExc``, taken at its
@@ -181,7 +183,8 @@ class _Watch:
         now, last_ok = time.monotonic(), self.last_ok
         limit = f"({PEER_TIMEOUT_ENV}={self.timeout:g})"
         if self.rank != 0 and now - last_ok > self.timeout:  # the coordinator's store is gone
-            return [0], f"unreachable for {now - last_ok:.1f}s {limit}", True
+            return [0], f"the coordination service it started unreachable for " \
+                        f"{now - last_ok:.1f}s {limit}", True
         if not self.failing:  # (a failing rank waits for the others to end: not a loss)
             for kind, how in ((FAILED, "its program ended with an error"),
                               (GONE, "it left the run")):
@@ -197,8 +200,7 @@ class _Watch:
 
     def _on_loss(self, lost: List[int], how: str, silent: bool) -> None:
         checkpoint = last_checkpoint.latest()
-        who = (f"rank {lost[0]}" if len(lost) == 1 else f"ranks {lost}") + \
-            (" (the coordinator)" if lost == [0] else "")
+        who = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {lost}"
         what = f"DistOpt: rank {self.rank} of {self.world_size} lost {who}: {how}"
         resume = "Resume from the last checkpoint: " + (
             checkpoint or "none (no checkpoint written by this process)")
@@ -261,16 +263,12 @@ class _Watch:
 
     def exit_now(self, status: int) -> None:
         """End the process without JAX's shutdown barrier (a rank is missing), with
-        ``status``. The coordinator hosts the store the other ranks talk to: it waits first
-        until they have left (or are silent), up to the report's deadline."""
+        ``status``. (The service the others talk to outlives this process.)"""
         with self.lock:
             if self.exiting:
                 return
             self.exiting = True
         self.publish(GONE)
-        if self.rank == 0:
-            until = self.report["deadline"] if self.report else time.monotonic() + self.cleanup
-            self.wait_for_others((GONE,), until)
         self.stopped.set()
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -383,13 +381,10 @@ def leave() -> None:
                 failing = watch.failing = True
         if failing and watch.report is None:
             watch.publish(FAILED)
-            # the others stop on seeing it; the coordinator, which hosts the store, last. A
-            # rank that failed because a peer died reports that peer once it is silent
-            if watch.rank == 0:
-                watch.wait_for_others((GONE,), time.monotonic() + watch.cleanup)
-            else:
-                watch.wait_for_others((FAILED, GONE), time.monotonic() + watch.timeout +
-                                      watch.interval + watch.grace + 2)
+            # the others stop on seeing it. A rank that failed because a peer died reports
+            # that peer once it is silent
+            watch.wait_for_others((FAILED, GONE), time.monotonic() + watch.timeout +
+                                  watch.interval + watch.grace + 2)
     except PeerLostError:  # raised just before leaving began: the report is set
         pass
     finally:
