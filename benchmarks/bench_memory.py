@@ -1,6 +1,7 @@
-"""What a training step holds at its peak: graph mode, graph mode with rematerialisation, and
-PyTorch eager, for SINGA's ResNet-50 (``examples/cnn``) and a GPT-2-small-like Transformer
-(``benchmarks/transformer.py``); and, on a GPU, the largest batch that trains.
+"""What a training step holds at its peak: graph mode, graph mode with rematerialisation, eager
+mode (replayed), and PyTorch eager, for SINGA's ResNet-50 (``examples/cnn``) and a
+GPT-2-small-like Transformer (``benchmarks/transformer.py``); and, on a GPU, the largest batch
+that trains.
 
 Every variant runs in a process of its own (a device's peak is per process; PyTorch never
 shares a process with JAX). Reported per variant:
@@ -9,8 +10,13 @@ shares a process with JAX). Reported per variant:
   PyTorch: ``torch.cuda.max_memory_allocated``) and the median step time;
 * on the CPU, where XLA reports no peak: the compiled step's own memory analysis --
   arguments, outputs, temporaries (what the step allocates besides its inputs and outputs),
-  aliased bytes (donated state updated in place) -- and the median step time; PyTorch: time
-  only.
+  aliased bytes (donated state updated in place) -- and the median step time; for eager mode,
+  the analysis of the largest program eager replay ran the step as (``debug.stats()``: on
+  the CPU a convolutional network's forward is one program whose outputs are the residuals,
+  and its backward runs op by op; a step of fewer than 32 operators, as a rematerialised
+  network's, runs op by op and has no program to analyse); an array read at two points of the
+  step (a parameter read by the forward and by the update) is one of its arguments twice
+  there. PyTorch: time only.
 
 ``--largest`` searches the largest batch that trains (doubling, then bisecting) under the
 memory cap ``--cap-gib`` (JAX: ``XLA_PYTHON_CLIENT_MEM_FRACTION``; PyTorch:
@@ -18,7 +24,7 @@ memory cap ``--cap-gib`` (JAX: ``XLA_PYTHON_CLIENT_MEM_FRACTION``; PyTorch:
 
     python benchmarks/bench_memory.py [--models resnet50,gpt] [--batch 8] [--steps 3]
         [--input-size 224] [--seq 128] [--vocab 8192] [--policies none,nothing]
-        [--torch] [--largest] [--cap-gib 16]
+        [--eager] [--torch] [--largest] [--cap-gib 16]
 """
 from __future__ import annotations
 
@@ -58,7 +64,7 @@ def _singa_child(a: argparse.Namespace) -> Dict[str, Any]:
     ty.to_device(dev)
     net.set_optimizer(opt.SGD(lr=0.01, momentum=0.9))
     policy = None if a.policy == "none" else a.policy
-    net.compile([tx], is_train=True, use_graph=True, remat=policy)
+    net.compile([tx], is_train=True, use_graph=a.graph == 1, remat=policy)
     times: List[float] = []
     try:
         for _ in range(a.steps + 1):
@@ -69,9 +75,15 @@ def _singa_child(a: argparse.Namespace) -> Dict[str, Any]:
     except model.DeviceMemoryError as e:
         return {"ok": False, "error": str(e).splitlines()[0]}
     result: Dict[str, Any] = {"ok": True, "step_s": statistics.median(times[1:])}
-    steps = debug.stats()["graph_steps"]
+    found = debug.stats()
+    steps = found["graph_steps"]
+    programs = found["replay_programs"]  # (eager: the step ran as one or a few programs)
     if steps:
         result.update(next(iter(steps.values())))
+    elif programs:  # the one holding the most (a forward's residuals may be its outputs)
+        result.update(max(programs, key=lambda m: m["argument_bytes"] + m["output_bytes"] +
+                          m["temp_bytes"]))
+    result["replay_programs"] = len(programs)
     stats = jax.local_devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         result["peak_bytes"] = int(stats["peak_bytes_in_use"])
@@ -150,10 +162,11 @@ def _torch_gpt(vocab: int, seq: int) -> Any:
 
 
 # --- the parent ---------------------------------------------------------------------------------
-def _run(a: argparse.Namespace, framework: str, model_name: str, policy: str, batch: int
-         ) -> Dict[str, Any]:
+def _run(a: argparse.Namespace, framework: str, model_name: str, policy: str, batch: int,
+         graph: bool = True) -> Dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", framework, "--model",
-           model_name, "--policy", policy, "--batch", str(batch), "--steps", str(a.steps),
+           model_name, "--policy", policy, "--graph", str(int(graph)), "--batch", str(batch),
+           "--steps", str(a.steps),
            "--input-size", str(a.input_size), "--seq", str(a.seq), "--vocab", str(a.vocab),
            "--cap-gib", str(a.cap_gib or 0)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT,
@@ -175,18 +188,18 @@ def _fraction(cap_gib: float) -> float:
 
 
 def _largest(a: argparse.Namespace, framework: str, model_name: str, policy: str,
-             start: int) -> int:
+             start: int, graph: bool) -> int:
     """The largest batch that trains: doubling from ``start``, then bisecting."""
     good, bad = 0, None
     batch = start
     while bad is None and batch <= 1 << 14:
-        if _run(a, framework, model_name, policy, batch)["ok"]:
+        if _run(a, framework, model_name, policy, batch, graph)["ok"]:
             good, batch = batch, batch * 2
         else:
             bad = batch
     while bad is not None and bad - good > max(1, good // 16):
         mid = (good + bad) // 2
-        if _run(a, framework, model_name, policy, mid)["ok"]:
+        if _run(a, framework, model_name, policy, mid, graph)["ok"]:
             good = mid
         else:
             bad = mid
@@ -206,12 +219,14 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--policies", default="none,nothing")
+    p.add_argument("--eager", action="store_true", help="singa_jax eager mode (replayed) too")
     p.add_argument("--torch", action="store_true", help="PyTorch eager too")
     p.add_argument("--largest", action="store_true", help="search the largest batch (GPU)")
     p.add_argument("--cap-gib", type=float, default=0.0, help="memory cap for --largest")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
     p.add_argument("--model", default="", help=argparse.SUPPRESS)
     p.add_argument("--policy", default="none", help=argparse.SUPPRESS)
+    p.add_argument("--graph", type=int, default=1, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         result = (_singa_child if a.child == "singa_jax" else _torch_child)(a)
@@ -224,30 +239,39 @@ def main() -> None:
               f"{'out MiB':>8} {'temp MiB':>9} {'alias MiB':>9}")
     print(header)
     for model_name in a.models.split(","):
-        variants = [("singa_jax", pol) for pol in a.policies.split(",")]
+        variants = [("singa_jax", pol, True) for pol in a.policies.split(",")]
+        if a.eager:
+            variants += [("singa_jax", pol, False) for pol in a.policies.split(",")]
         if a.torch:
-            variants.append(("torch", "none"))
+            variants.append(("torch", "none", False))
         plain_temp = plain_time = None
-        for framework, policy in variants:
-            r = _run(a, framework, model_name, policy, a.batch)
+        for framework, policy, graph in variants:
+            r = _run(a, framework, model_name, policy, a.batch, graph)
+            mode = "graph" if graph else "eager"
             name = "pytorch eager" if framework == "torch" else (
-                "graph" if policy == "none" else f"graph remat={policy}")
+                mode if policy == "none" else f"{mode} remat={policy}")
             if not r.get("ok"):
                 print(f"{model_name:9} {name:20} failed: {r.get('error')}")
                 continue
             extra = ""
-            if framework == "singa_jax" and policy == "none":
+            if framework == "singa_jax" and policy == "none" and graph:
                 plain_temp, plain_time = r.get("temp_bytes"), r["step_s"]
-            elif framework == "singa_jax" and plain_temp:
+            elif framework == "singa_jax" and graph and plain_temp:
                 extra = (f"  temp {r.get('temp_bytes', 0) / plain_temp:.2f}x, time "
                          f"{r['step_s'] / plain_time:.2f}x of graph")
+            elif framework == "singa_jax":
+                programs = r.get("replay_programs", 0)
+                extra = (f"  the largest of {programs} replay programs" if programs else
+                         "  run op by op: no program to analyse") + (
+                    f", time {r['step_s'] / plain_time:.2f}x of graph" if plain_time else "")
             print(f"{model_name:9} {name:20} {r['step_s']:7.3f} {_mib(r.get('peak_bytes')):>9} "
                   f"{_mib(r.get('argument_bytes')):>9} {_mib(r.get('output_bytes')):>8} "
                   f"{_mib(r.get('temp_bytes')):>9} {_mib(r.get('alias_bytes')):>9}{extra}",
                   flush=True)
             if a.largest:
                 print(f"{'':9} {name:20} largest batch: "
-                      f"{_largest(a, framework, model_name, policy, a.batch)}", flush=True)
+                      f"{_largest(a, framework, model_name, policy, a.batch, graph)}",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from singa_jax import autograd, debug, device, layer, model, opt, tensor
+from test_long_runs import _Deep as Deep12
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -282,6 +283,31 @@ def test_stats_count_compilations_replay_and_graph_memory(capsys):
     debug.print_stats()
     out = capsys.readouterr().out
     assert "graph step MLP.train_one_batch" in out and "eager replay:" in out
+
+
+def test_stats_give_the_memory_of_eager_replay_programs(capsys):
+    dev = device.get_default_device()
+    x, y = _batch(dev, 11, 5, 3)  # (shapes no other test compiles for)
+    m = Deep12()  # (enough operators that eager replay records the step)
+    m.set_optimizer(opt.SGD(0.01, momentum=0.9))
+    m.compile([x], is_train=True, use_graph=False)
+    debug.reset_stats()
+    for _ in range(4):  # recorded, then compiled when the sequence recurs, then replayed
+        m(x, y)
+    programs = debug.stats()["replay_programs"]
+    assert programs, debug.stats()["replay"]
+    step = max(programs, key=lambda p: p["kernels"])
+    assert step["kernels"] > 3 * len(m.blocks) and step["device"] == str(dev)
+    params = sum(v.size() * 4 for v in m.get_params().values())
+    # the training step's program reads every parameter and the batch and returns every new
+    # parameter (and momentum slot): XLA's own sizes of its inputs and outputs say so
+    assert step["argument_bytes"] >= params + x.size() * 4 + y.size() * 4
+    assert step["output_bytes"] >= params
+    assert step["temp_bytes"] >= 0 and step["alias_bytes"] == 0  # (replay donates nothing)
+    debug.print_stats()
+    assert f"eager replay program of {step['kernels']} kernels" in capsys.readouterr().out
+    debug.reset_stats()
+    assert debug.stats()["replay_programs"] == []
 
 
 # --- anomaly detection ------------------------------------------------------------------------

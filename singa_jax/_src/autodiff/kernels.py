@@ -141,10 +141,10 @@ def kept_pullback(pullback: Any, args: Tuple, ys: Any, device: Any) -> Any:
     computed and joined when a backward first needs them."""
     if device is not None:
         if type(ys[0] if isinstance(ys, tuple) else ys) is Deferred:
-            return Unjoined(pullback, args, ys)
+            return Unjoined(pullback, *residuals.forwarded(pullback, args, ys))
         for x in args:
             if type(x) is Deferred:
-                return Unjoined(pullback, args, ys)
+                return Unjoined(pullback, *residuals.forwarded(pullback, args, ys))
     return residuals.join(pullback, args, ys)
 
 
@@ -163,7 +163,8 @@ FLAT = object()  # Function._pullback: the pullback is held as its leaves only (
 class Unjoined:
     """A recorded forward's pullback, kept as the kernel left it (its residuals pending
     Deferreds, the forwarded ones not yet put back: see :mod:`.residuals`) with the call's
-    inputs and outputs; joined once, when a backward first needs it."""
+    inputs and outputs it forwards (the others None: :func:`.residuals.forwarded`); joined
+    once, when a backward first needs it."""
 
     __slots__ = ("pullback", "inputs", "outputs")
 
@@ -173,15 +174,10 @@ class Unjoined:
     def joined(self) -> Any:
         """The pullback with every residual computed and the forwarded ones back in place."""
         pullback = self.pullback
-        if type(pullback) is residuals.Residuals:
-            pullback = residuals.Residuals(replay.resolve_all(pullback.computed),
-                                           pullback.layout)
-        else:
-            pullback = replay.resolve_tree(pullback)
-        outputs = self.outputs
-        outputs = (tuple(replay.resolve_all(outputs)) if isinstance(outputs, tuple)
-                   else replay.resolve_all((outputs,))[0])
-        return residuals.join(pullback, replay.resolve_all(self.inputs), outputs)
+        if type(pullback) is not residuals.Residuals:
+            return replay.resolve_tree(pullback)
+        leaves, treedef = self.flat()
+        return treedef.unflatten(leaves)
 
     def flat(self, pending: bool = False) -> Tuple[list, Any]:
         """``(leaves, treedef)`` of the joined pullback, its residuals computed (or, with

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 
-__all__ = ["Residuals", "split", "join", "leaves", "vjp", "register_lean", "lean"]
+__all__ = ["Residuals", "split", "join", "leaves", "forwarded", "vjp", "register_lean", "lean"]
 
 _INPUT, _OUTPUT = 0, 1
 
@@ -77,6 +77,40 @@ def leaves(residuals: Residuals, inputs: Sequence[Any], outputs: Sequence[Any]) 
 # a layout's ``where`` (by id: a kernel's layouts live as long as its cached output treedef,
 # and each entry keeps its own, checked to be it) -> (where, (inputs, outputs), positions)
 _POSITIONS: Dict[int, Tuple[Tuple, Tuple[int, int], Tuple[int, ...]]] = {}
+
+
+def forwarded(residuals: Any, inputs: Tuple, outputs: Any) -> Tuple[Tuple, Any]:
+    """``(inputs, outputs)`` -- a kernel's, ``outputs`` one value or a tuple -- with None for
+    each that the pullback does not forward (all of them, for a pullback not split): what a
+    pullback kept until a backward must hold of them. The others -- an input only the forward
+    read, an output only its Tensor holds -- are then freed with their last other holder, and
+    an eager replay segment's program need not return them."""
+    if type(residuals) is not Residuals:
+        return (), None
+    where = residuals.layout[1]
+    several = isinstance(outputs, tuple)  # (else one value: as Unjoined.flat reads them)
+    n_outputs = len(outputs) if several else 1
+    sizes = (len(inputs), n_outputs)
+    known = _FORWARDED.get(id(where))
+    if known is None or known[0] is not where or known[1] != sizes:
+        used = set(w for w in where if w is not None)
+        known = _FORWARDED[id(where)] = (
+            where, sizes, tuple((_INPUT, i) in used for i in range(sizes[0])),
+            tuple((_OUTPUT, i) in used for i in range(n_outputs)))
+    keep_in, keep_out = known[2], known[3]
+    if not all(keep_in):
+        inputs = tuple([x if k else None for x, k in zip(inputs, keep_in)])
+    if several:
+        if not all(keep_out):
+            outputs = tuple([y if k else None for y, k in zip(outputs, keep_out)])
+    elif not keep_out[0]:
+        outputs = None
+    return inputs, outputs
+
+
+# a layout's ``where`` (by id, as _POSITIONS) -> (where, (inputs, outputs), which inputs and
+# which outputs it forwards)
+_FORWARDED: Dict[int, Tuple[Tuple, Tuple[int, int], Tuple[bool, ...], Tuple[bool, ...]]] = {}
 
 
 def _positions(where: Tuple, n_inputs: int, n_outputs: int) -> Tuple[int, ...]:

@@ -115,8 +115,10 @@ _listeners: Dict[str, List[Callable[..., None]]] = {}
 
 def listen(event: str, listener: Callable[..., None]) -> None:
     """Call ``listener(*args)`` whenever :func:`notify` tells ``event``: ``"compiled"``
-    (``where, compiled``: graph mode compiled a step), ``"verbosity"`` (``device``: a
-    Device's time-profiling verbosity changed)."""
+    (``where, compiled``: graph mode compiled a step), ``"replay_compiled"`` (``kernels,
+    device, program, inputs``: eager replay made the program of a recurring sequence, about to
+    run on ``inputs``), ``"verbosity"`` (``device``: a Device's time-profiling verbosity
+    changed)."""
     _listeners.setdefault(event, []).append(listener)
 
 

@@ -1,10 +1,12 @@
 """A run's summary: compilations and their seconds by kind, eager replay's hits and misses,
 host reads per step, and memory -- the device's peak where its backend reports one, and each
-compiled graph-mode step's own memory analysis (what XLA planned for it)."""
+compiled graph-mode step's and eager replay program's own memory analysis (what XLA planned
+for it)."""
 from __future__ import annotations
 
+import collections
 import threading
-from typing import Any, Dict
+from typing import Any, Deque, Dict, List, Optional, Sequence
 
 import jax
 
@@ -21,19 +23,58 @@ _MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_i
 
 
 def _compiled(where: str, compiled: Any) -> None:
+    fields = _analysis(compiled)
+    if fields is not None:
+        with _lock:
+            _graph_steps[where] = fields
+
+
+observe.listen("compiled", _compiled)
+
+# Eager replay's programs, newest last: [kernels, device, program, input specs, analysis]. The
+# analysis is XLA's, asked for when stats() first reads the entry: lowering the program again
+# for the inputs it ran on finds the executable JAX compiled at its first run.
+_REPLAY_KEPT = 32
+_replay_programs: Deque[List[Any]] = collections.deque(maxlen=_REPLAY_KEPT)
+
+
+def _replay_compiled(kernels: int, device: Any, program: Any, inputs: Sequence[Any]) -> None:
+    # (an uncommitted input's spec has no sharding, or the lowering would not be the one run)
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding if a.committed else None,
+                                  weak_type=a.aval.weak_type) for a in inputs]
+    with _lock:
+        _replay_programs.append([kernels, str(device), program, specs, None])
+
+
+observe.listen("replay_compiled", _replay_compiled)
+
+
+def _analysis(compiled: Any) -> Optional[Dict[str, int]]:
     try:
         analysis = compiled.memory_analysis()
     except Exception:  # noqa: BLE001  (a backend without it)
         analysis = None
     if analysis is None:
-        return
-    fields = {f.replace("_size_in_bytes", "_bytes"): int(getattr(analysis, f, 0) or 0)
-              for f in _MEMORY_FIELDS}
+        return None
+    return {f.replace("_size_in_bytes", "_bytes"): int(getattr(analysis, f, 0) or 0)
+            for f in _MEMORY_FIELDS}
+
+
+def _replay_analyses() -> List[Dict[str, Any]]:
     with _lock:
-        _graph_steps[where] = fields
-
-
-observe.listen("compiled", _compiled)
+        entries = list(_replay_programs)
+    found = []
+    for entry in entries:
+        kernels, device, program, specs, analysis = entry
+        if analysis is None:
+            try:
+                analysis = _analysis(program.jitted_now().lower(*specs).compile())
+            except Exception:  # noqa: BLE001  (one that never compiled: it ran op by op)
+                analysis = None
+            entry[4] = analysis if analysis is not None else {}
+        if analysis:
+            found.append({"kernels": kernels, "device": device, **analysis})
+    return found
 
 
 def _device_memory() -> Dict[str, Dict[str, int]]:
@@ -63,6 +104,9 @@ def stats() -> Dict[str, Any]:
     * ``host_reads_per_step``: those reads per Model call;
     * ``graph_steps``: per compiled step (``"Model.method"``), XLA's memory analysis in bytes
       (``argument``, ``output``, ``temp``, ``alias``, ``generated_code``);
+    * ``replay_programs``: eager replay's programs (the newest 32), oldest first, each with the
+      ``kernels`` it runs, its ``device`` and XLA's memory analysis as above (a replayed
+      training step is one such program, or a few in a row for a long one);
     * ``device_memory``: per device whose backend reports it (GPU, TPU), ``bytes_in_use``,
       ``peak_bytes_in_use`` (since the process started) and ``bytes_limit``.
     """
@@ -72,7 +116,8 @@ def stats() -> Dict[str, Any]:
         graph_steps = {k: dict(v) for k, v in _graph_steps.items()}
     return {"steps": steps, "compilations": compiles.compile_counts(), "replay": counters,
             "host_reads_per_step": counters.get("reads", 0) / steps if steps else 0.0,
-            "graph_steps": graph_steps, "device_memory": _device_memory()}
+            "graph_steps": graph_steps, "replay_programs": _replay_analyses(),
+            "device_memory": _device_memory()}
 
 
 def _bytes(n: int) -> str:
@@ -99,6 +144,13 @@ def print_stats() -> None:
     for where, m in s["graph_steps"].items():
         lines.append(f"graph step {where}: arguments {_bytes(m['argument_bytes'])}, outputs "
                      f"{_bytes(m['output_bytes'])}, temporaries {_bytes(m['temp_bytes'])}")
+    programs = s["replay_programs"]
+    for m in sorted(programs, key=lambda m: -m["temp_bytes"])[:3]:
+        lines.append(f"eager replay program of {m['kernels']} kernels ({m['device']}): "
+                     f"arguments {_bytes(m['argument_bytes'])}, outputs "
+                     f"{_bytes(m['output_bytes'])}, temporaries {_bytes(m['temp_bytes'])}")
+    if len(programs) > 3:
+        lines.append(f"  (and {len(programs) - 3} smaller eager replay programs)")
     for device, m in s["device_memory"].items():
         lines.append(f"{device}: peak {_bytes(m.get('peak_bytes_in_use', 0))}, in use "
                      f"{_bytes(m.get('bytes_in_use', 0))} of {_bytes(m.get('bytes_limit', 0))}")
@@ -106,7 +158,9 @@ def print_stats() -> None:
 
 
 def reset_stats() -> None:
-    """Forget the compilations counted and explained, and the graph steps' analyses."""
+    """Forget the compilations counted and explained, and the graph steps' and eager replay
+    programs' analyses."""
     compiles.reset()
     with _lock:
         _graph_steps.clear()
+        _replay_programs.clear()

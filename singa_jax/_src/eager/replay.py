@@ -499,7 +499,10 @@ def _compile(segment: _Segment, live: Optional[Tuple[int, ...]]) -> Any:
     _stats["compiled"] += 1
     # (compiled as every eager kernel is: a recorded walk's convolution gradients then run
     # in the same forms as op by op)
-    return kernel(eager_replay_segment)
+    program = kernel(eager_replay_segment)
+    # (debug.stats reads its memory analysis, for the inputs it is about to run on)
+    observe.notify("replay_compiled", len(calls), segment.device, program, segment.externals)
+    return program
 
 
 def run(call: Callable, statics: Tuple, args: Sequence[Any], device: Any) -> Any:
