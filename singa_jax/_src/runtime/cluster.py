@@ -180,8 +180,11 @@ def _service_in_own_process() -> Iterator[None]:
     (:mod:`.coordination_service`) where JAX would start it in this one, so that this
     process's death leaves the other ranks a service to notice it through."""
     from jax._src import distributed  # the module JAX's initialize looks the factory up in
-    lib = distributed._jax
-    own = lib.get_distributed_runtime_service
+    lib = getattr(distributed, "_jax", None)
+    own = getattr(lib, "get_distributed_runtime_service", None)
+    if own is None:  # (a JAX that starts it otherwise: in this process, as JAX does)
+        yield
+        return
     lib.get_distributed_runtime_service = coordination_service.start
     try:
         yield
