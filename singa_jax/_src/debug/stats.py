@@ -145,7 +145,7 @@ def print_stats() -> None:
         lines.append(f"graph step {where}: arguments {_bytes(m['argument_bytes'])}, outputs "
                      f"{_bytes(m['output_bytes'])}, temporaries {_bytes(m['temp_bytes'])}")
     programs = s["replay_programs"]
-    for m in sorted(programs, key=lambda m: -m["temp_bytes"])[:3]:
+    for m in sorted(programs, key=_held, reverse=True)[:3]:
         lines.append(f"eager replay program of {m['kernels']} kernels ({m['device']}): "
                      f"arguments {_bytes(m['argument_bytes'])}, outputs "
                      f"{_bytes(m['output_bytes'])}, temporaries {_bytes(m['temp_bytes'])}")
@@ -155,6 +155,11 @@ def print_stats() -> None:
         lines.append(f"{device}: peak {_bytes(m.get('peak_bytes_in_use', 0))}, in use "
                      f"{_bytes(m.get('bytes_in_use', 0))} of {_bytes(m.get('bytes_limit', 0))}")
     print("\n".join(lines))
+
+
+def _held(m: Dict[str, Any]) -> int:
+    """What a program's run holds at once, by its analysis (arguments, outputs, temporaries)."""
+    return m["argument_bytes"] + m["output_bytes"] + m["temp_bytes"]
 
 
 def reset_stats() -> None:

@@ -13,9 +13,10 @@ JAX's own address detection and client set-up stay as they are. The child ends
 
 * after rank 0 shut the run down (JAX's shutdown barrier passed, :meth:`Service.shutdown`):
   once no client is connected any more, at most :data:`DONE_LINGER` s later;
-* after rank 0 vanished without that (killed, or ended without the barrier after a loss):
-  once no client is connected any more -- every other rank has stopped -- at most the
-  heartbeat time-out later (JAX's own limit, past which it would end the clients anyway).
+* after rank 0 vanished without that (killed, or ended without the barrier after a loss: its
+  pipe closes, or this process is no longer its child): once no client is connected any more
+  -- every other rank has stopped -- at most the heartbeat time-out later (JAX's own limit,
+  past which it would end the clients anyway).
 
 Connected clients are counted from ``/proc/net/tcp`` (the service's accepted connections);
 where that file does not exist the child waits for the limits above.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -67,7 +69,7 @@ def start(address: str, num_nodes: int, heartbeat_timeout: Optional[int] = None,
     use, most often)."""
     args = [sys.executable, os.path.abspath(__file__), address, str(num_nodes),
             str(heartbeat_timeout or 100), str(shutdown_timeout or 300),
-            "1" if options.get("recoverable") else "0"]
+            "1" if options.get("recoverable") else "0", str(os.getpid())]
     # stdin: the control line ("done", or end of file when rank 0 dies); stdout: "ready";
     # stderr: the reason when it cannot start. Its own process group: Ctrl-C in a terminal
     # interrupts the ranks (which then leave the run), not the service they still talk to.
@@ -115,8 +117,20 @@ def _connected(port: int) -> Optional[int]:
     return count if found else None
 
 
+def _rank0_finished(parent: int) -> bool:
+    """Wait for rank 0's word: True when it shut the run down ("done"), False when it is gone
+    -- its pipe closed, or this process no longer its child (a process rank 0 forked, a data
+    loader's worker, may still hold the pipe open)."""
+    while True:
+        readable, _, _ = select.select([sys.stdin], [], [], _POLL)
+        if readable:
+            return sys.stdin.readline().strip() == "done"  # ("" at the end of the pipe)
+        if os.getppid() != parent:
+            return False
+
+
 def _serve(address: str, num_nodes: int, heartbeat: int, shutdown: int,
-           recoverable: bool) -> None:
+           recoverable: bool, rank0: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from jax._src.lib import _jax
     try:
@@ -131,7 +145,7 @@ def _serve(address: str, num_nodes: int, heartbeat: int, shutdown: int,
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
-    done = sys.stdin.readline().strip() == "done"  # or "": rank 0 is gone
+    done = _rank0_finished(rank0)
     port = int(address.rsplit(":", 1)[1])
     deadline = time.monotonic() + (DONE_LINGER if done else heartbeat + 5)
     idle = 0
@@ -148,4 +162,4 @@ if __name__ == "__main__":
     if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]  # run as a script: this package's modules are not top-level ones
     _serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
-           sys.argv[5] == "1")
+           sys.argv[5] == "1", int(sys.argv[6]))
