@@ -100,6 +100,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def freed_within(port: int, seconds: float) -> bool:
+    """Whether ``port`` is free now or becomes free within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not port_free(port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.25)
+    return True
+
+
 def run_pair(tmp_path, scenario):
     """Start both ranks; return ({rank: (exit status, stderr, stdout, end time)}, kill time)."""
     script = tmp_path / "rank.py"
@@ -184,15 +203,7 @@ def test_rank0_killed_other_rank_stops_with_one_line_and_the_service_ends(tmp_pa
     line = check_stopped(results, killed, victim=0)
     assert line.endswith(f"Resume from the last checkpoint: {tmp_path / 'rank1.zip'}"), line
     port = int(results["address"].rsplit(":", 1)[1])
-    deadline = time.time() + 15
-    while True:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                break
-            except OSError:
-                assert time.time() < deadline, "the coordination service still holds its port"
-        time.sleep(0.5)
+    assert freed_within(port, 15), "the coordination service still holds its port"
 
 
 def test_main_thread_in_python_catches_peer_lost_error(tmp_path):

@@ -12,21 +12,7 @@ import time
 import pytest
 
 from singa_jax._src.runtime import coordination_service
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from test_lost_peer import _free_port, freed_within, port_free
 
 
 def test_a_port_in_use_is_a_clear_error():
@@ -44,7 +30,7 @@ def test_a_port_in_use_is_a_clear_error():
 def test_the_service_listens_then_ends_by_itself(ending):
     port = _free_port()
     service = coordination_service.start(f"[::]:{port}", 2, heartbeat_timeout=60)
-    assert service.process.poll() is None and not _port_free(port)  # listening
+    assert service.process.poll() is None and not port_free(port)  # listening
     if ending == "shutdown":
         service.shutdown()
     else:  # what rank 0's death does to the pipe: closed, no shutdown line
@@ -53,7 +39,7 @@ def test_the_service_listens_then_ends_by_itself(ending):
     assert service.process.wait(timeout=30) == 0
     # no client connected: it ends within a few polls, not after the heartbeat time-out
     assert time.monotonic() - started < 10
-    assert _port_free(port)
+    assert port_free(port)
 
 
 def test_the_service_ends_when_rank_0_dies_while_a_forked_worker_holds_its_pipe(tmp_path):
@@ -83,9 +69,6 @@ def test_the_service_ends_when_rank_0_dies_while_a_forked_worker_holds_its_pipe(
     assert done.returncode == 0, done.stderr
     worker = int(done.stdout.split()[0])
     try:
-        deadline = time.monotonic() + 10
-        while not _port_free(port):
-            assert time.monotonic() < deadline, "the service outlived rank 0"
-            time.sleep(0.25)
+        assert freed_within(port, 10), "the service outlived rank 0"
     finally:
         os.kill(worker, signal.SIGKILL)

@@ -66,17 +66,8 @@ def join(residuals: Any, inputs: Sequence[Any], outputs: Any) -> Any:
 def leaves(residuals: Residuals, inputs: Sequence[Any], outputs: Sequence[Any]) -> list:
     """The leaves of the joined pullback, without building it: each computed residual, or the
     input or output (a leaf of the kernel's ``outputs``) it is."""
-    where = residuals.layout[1]
-    sizes = (len(inputs), len(outputs))
-    known = _POSITIONS.get(id(where))
-    if known is None or known[0] is not where or known[1] != sizes:
-        known = _POSITIONS[id(where)] = (where, sizes, _positions(where, *sizes))
-    return list(map((*inputs, *outputs, *residuals.computed).__getitem__, known[2]))
-
-
-# a layout's ``where`` (by id: a kernel's layouts live as long as its cached output treedef,
-# and each entry keeps its own, checked to be it) -> (where, (inputs, outputs), positions)
-_POSITIONS: Dict[int, Tuple[Tuple, Tuple[int, int], Tuple[int, ...]]] = {}
+    positions = _layout(residuals.layout[1], len(inputs), len(outputs))[2]
+    return list(map((*inputs, *outputs, *residuals.computed).__getitem__, positions))
 
 
 def forwarded(residuals: Any, inputs: Tuple, outputs: Any) -> Tuple[Tuple, Any]:
@@ -87,17 +78,9 @@ def forwarded(residuals: Any, inputs: Tuple, outputs: Any) -> Tuple[Tuple, Any]:
     an eager replay segment's program need not return them."""
     if type(residuals) is not Residuals:
         return (), None
-    where = residuals.layout[1]
     several = isinstance(outputs, tuple)  # (else one value: as Unjoined.flat reads them)
-    n_outputs = len(outputs) if several else 1
-    sizes = (len(inputs), n_outputs)
-    known = _FORWARDED.get(id(where))
-    if known is None or known[0] is not where or known[1] != sizes:
-        used = set(w for w in where if w is not None)
-        known = _FORWARDED[id(where)] = (
-            where, sizes, tuple((_INPUT, i) in used for i in range(sizes[0])),
-            tuple((_OUTPUT, i) in used for i in range(n_outputs)))
-    keep_in, keep_out = known[2], known[3]
+    _, _, _, keep_in, keep_out = _layout(residuals.layout[1], len(inputs),
+                                         len(outputs) if several else 1)
     if not all(keep_in):
         inputs = tuple([x if k else None for x, k in zip(inputs, keep_in)])
     if several:
@@ -108,9 +91,25 @@ def forwarded(residuals: Any, inputs: Tuple, outputs: Any) -> Tuple[Tuple, Any]:
     return inputs, outputs
 
 
-# a layout's ``where`` (by id, as _POSITIONS) -> (where, (inputs, outputs), which inputs and
-# which outputs it forwards)
-_FORWARDED: Dict[int, Tuple[Tuple, Tuple[int, int], Tuple[bool, ...], Tuple[bool, ...]]] = {}
+def _layout(where: Tuple, n_inputs: int, n_outputs: int) -> Tuple:
+    """``(where, sizes, positions, inputs forwarded, outputs forwarded)`` of a pullback of
+    layout ``where`` for a kernel of ``n_inputs`` inputs and ``n_outputs`` output leaves: where
+    each of its leaves sits in ``(*inputs, *outputs, *computed)``, and which inputs and outputs
+    are among them -- worked out once per layout."""
+    sizes = (n_inputs, n_outputs)
+    known = _LAYOUTS.get(id(where))
+    if known is None or known[0] is not where or known[1] != sizes:
+        used = set(w for w in where if w is not None)
+        known = _LAYOUTS[id(where)] = (
+            where, sizes, _positions(where, n_inputs, n_outputs),
+            tuple((_INPUT, i) in used for i in range(n_inputs)),
+            tuple((_OUTPUT, i) in used for i in range(n_outputs)))
+    return known
+
+
+# a layout's ``where`` (by id: a kernel's layouts live as long as its cached output treedef,
+# and each entry keeps its own, checked to be it) -> what _layout works out
+_LAYOUTS: Dict[int, Tuple] = {}
 
 
 def _positions(where: Tuple, n_inputs: int, n_outputs: int) -> Tuple[int, ...]:

@@ -47,8 +47,8 @@ class Service:
     """Rank 0's handle on the coordination service's process (what JAX keeps as
     ``global_state.service``: it calls :meth:`shutdown` after its shutdown barrier)."""
 
-    def __init__(self, process: subprocess.Popen, address: str) -> None:
-        self.process, self.address = process, address
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
 
     def shutdown(self) -> None:
         """The run ended normally: the child stops once the clients have disconnected."""
@@ -70,9 +70,10 @@ def start(address: str, num_nodes: int, heartbeat_timeout: Optional[int] = None,
     args = [sys.executable, os.path.abspath(__file__), address, str(num_nodes),
             str(heartbeat_timeout or 100), str(shutdown_timeout or 300),
             "1" if options.get("recoverable") else "0", str(os.getpid())]
-    # stdin: the control line ("done", or end of file when rank 0 dies); stdout: "ready";
-    # stderr: the reason when it cannot start. Its own process group: Ctrl-C in a terminal
-    # interrupts the ranks (which then leave the run), not the service they still talk to.
+    # stdin: the control line ("done"; rank 0's death is its end or the child's reparenting,
+    # see _rank0_finished); stdout: "ready"; stderr: the reason when it cannot start. Its own
+    # process group: Ctrl-C in a terminal interrupts the ranks (which then leave the run),
+    # not the service they still talk to.
     process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     line: List[str] = []
@@ -94,7 +95,7 @@ def start(address: str, num_nodes: int, heartbeat_timeout: Optional[int] = None,
             + " (another process listening on that port?)")
     process.stdout.close()
     process.stderr.close()
-    return Service(process, address)
+    return Service(process)
 
 
 # --- the child ---------------------------------------------------------------------------------
