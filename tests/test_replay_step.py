@@ -155,6 +155,33 @@ def test_a_second_backward_through_a_replayed_step_recomputes_its_residuals():
                                    err_msg=k)
 
 
+def test_a_replayed_step_keeps_of_the_last_state_only_what_its_graph_may_need():
+    """A replayed step's program does not return its forward's residuals; a second backward
+    recomputes them from the forward's inputs, so while the step's graph (its loss) is held,
+    the parameters it read stay alive -- but not the optimizer slots it updated, and once the
+    graph is dropped, nothing of the state it read (the guard watching for skipped updates
+    included)."""
+    import weakref
+
+    net = _build(_sgd())
+    x, y = _data()
+    _warm(net, x, y)
+    slots = [t for k, t in net.optimizer.get_states().items() if k.startswith("moments/")]
+    params = list(net.get_params().values())
+    assert len(slots) == len(params) == 10
+    old_slots = [weakref.ref(t.array) for t in slots]
+    old_params = [weakref.ref(t.array) for t in params]
+    replayed = autograd.replay_stats()["replayed"]
+    net.train()
+    out, loss = net(x, y)
+    tensor.to_numpy(loss)
+    assert autograd.replay_stats()["replayed"] > replayed  # (the step ran as its program)
+    assert all(r() is None for r in old_slots)
+    assert all(r() is not None for r in old_params)
+    del out, loss
+    assert all(r() is None for r in old_params)
+
+
 @pytest.mark.parametrize("read_grads", [False, True], ids=["unread", "read"])
 def test_per_parameter_updates_from_the_walk_equal_op_by_op(read_grads):
     replayed = _train(True, _sgd, per_param=True, read_grads=read_grads)

@@ -22,9 +22,10 @@ training step's forward, fused backward walk and update), keeping eager semantic
   rebound to its array, so after a flush no Tensor holds a placeholder.
 * **Soft outputs.** A recorded backward walk marks the pullback states it read *soft*: a soft
   output no Tensor holds is not computed at the flush (only pullbacks hold it, and the walk has
-  used it), so a training step's residuals never leave its program; the segment keeps its
-  calls and inputs, and a later read of such a value (a second backward through the same
-  graph) reruns the segment op by op (:meth:`_Segment.recompute`).
+  used it), so a training step's residuals never leave its program; the segment keeps the
+  calls and inputs they are computed from (the forward's: the parameters, not the optimizer
+  slots), and a later read of such a value (a second backward through the same graph) reruns
+  those calls op by op (:meth:`_Segment.recompute`).
 * **Only long sequences.** A thread records only while its last sequence (the kernels between
   two flushes) had at least :data:`MIN_RECORDS` kernels; shorter ones run op by op, which on a
   CPU overlaps each kernel with the Python of the next op.
@@ -56,7 +57,7 @@ import sys
 import threading
 from itertools import compress, repeat
 from weakref import ref as _weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import jax
 
@@ -162,7 +163,7 @@ class _Step:
     outputs' structure on the edge."""
 
     __slots__ = ("key", "parent", "next", "treedef", "avals", "single", "programs", "plan",
-                 "speculate", "last", "fails", "wait", "memo")
+                 "speculate", "last", "fails", "wait", "memo", "kept")
 
     def __init__(self, key: Optional[Tuple], known: Optional[Tuple[Any, Tuple]],
                  parent: Optional["_Step"] = None):
@@ -186,6 +187,10 @@ class _Step:
         self.fails = self.wait = 0
         # what the caller of run_flat derived from the outputs' structure (None: nothing yet)
         self.memo: Any = None
+        # for a segment that ends here with soft outputs left uncomputed: by those outputs,
+        # the calls and inputs a recompute of them needs (see _Segment.keep_for_recompute)
+        self.kept: Dict[Tuple[int, ...], Tuple[Tuple[bool, ...], Tuple[bool, ...],
+                                                Tuple[int, ...]]] = {}
 
 
 _ROOT = _Step(None, None)
@@ -195,7 +200,7 @@ class _Segment:
     """The pending kernel calls of one thread on one device."""
 
     __slots__ = ("device", "limit", "calls", "step", "externals", "leaves", "tensors", "bound",
-                 "done", "soft", "recomputed", "arguments", "spec", "names")
+                 "done", "soft", "recomputed", "arguments", "spec", "names", "needed")
 
     def __init__(self, device: Any):
         self.device = device
@@ -215,8 +220,11 @@ class _Segment:
         self.tensors: List[Any] = []
         self.bound: List[int] = []
         self.done = False
-        self.soft = False  # whether any output is soft (see soften)
+        self.soft: List[int] = []  # the indices of its soft outputs (see soften)
         self.recomputed: Optional[List[jax.Array]] = None  # every output, once recomputed
+        # after the flush, with soft outputs left uncomputed: which calls a recompute runs
+        # and the output count of each (the others' inputs are let go, see keep_for_recompute)
+        self.needed: Optional[Tuple[Tuple[bool, ...], Tuple[int, ...]]] = None
         # the arrays of the Model call that records this segment (see call_arguments), and
         # the program run ahead on predicted inputs (see _speculate): (plan, inputs, outputs)
         self.arguments, _local.arguments = _local.arguments, ()
@@ -288,26 +296,93 @@ class _Segment:
         # still holds is predicted as that Tensor's array then); read only when a plan is
         # learnt, so kept as the list of weak references it is
         _local.rebound = self.tensors
-        # the inputs are dropped now, unless a soft output was not computed: then they are
-        # kept while the segment lives, for recompute
-        if not (self.soft and any(map(operator.is_, map(_VALUE, compress(leaves,
-                                                                          map(_SOFT, leaves))),
-                                      repeat(None)))):
+        # the inputs are dropped now, unless a soft output was not computed: then those it
+        # is computed from are kept while the segment lives, for recompute
+        missing = _soft_missing(leaves, self.soft) if self.soft and live is not None else ()
+        if missing:
+            self.keep_for_recompute(missing, map(leaves.__getitem__, live))
+        else:
             self.calls = self.externals = ()
         self.tensors = self.bound = self.leaves = self.arguments = ()
         self.names = None
 
-    def recompute(self) -> List[jax.Array]:
-        """Every output of the flushed segment, run op by op from its inputs again: for a soft
+    def keep_for_recompute(self, missing: Tuple[int, ...], computed: Iterable[Deferred]
+                           ) -> None:
+        """After a flush that left the soft outputs ``missing`` uncomputed (``computed``: the
+        outputs something references): keep only the calls and outside inputs they are
+        computed from (a training step's forward and its inputs, not the update's: the old
+        optimizer slots are let go at once), and cut each computed output's link to the
+        segment, so that only the uncomputed ones -- held by the pullbacks of the step's graph
+        -- keep these inputs alive."""
+        kept = self.step.kept.get(missing)
+        if kept is None:
+            kept = self.step.kept[missing] = _recompute_cone(self.step, self.calls, missing)
+        needed, outside, counts = kept
+        self.externals = list(compress(self.externals, outside))
+        self.needed = (needed, counts)
+        _set_each(computed, "segment", repeat(_FLUSHED))
+
+    def recompute(self) -> List[Optional[jax.Array]]:
+        """The outputs of the flushed segment, run op by op from its inputs again: for a soft
         output its program did not return (a second backward through a graph whose first
-        walk was recorded). Kept while the segment lives."""
+        walk was recorded); only the calls it needs run (None for the others' outputs). Kept
+        while the segment lives."""
         if self.recomputed is None:
             if not self.calls:
                 raise RuntimeError("eager replay: a value of a flushed segment was asked for "
                                    "that its program did not compute")
-            self.recomputed = _op_by_op(self.calls, self.externals)
+            self.recomputed = _op_by_op(self.calls, self.externals, needed=self.needed)
             _stats["recomputed"] += 1
         return self.recomputed
+
+
+class _Flushed:
+    """What a computed :class:`Deferred` points to once its segment kept inputs for a
+    recompute: no segment (its value is known; a segment held by it would keep them alive)."""
+
+    __slots__ = ()
+    done = True
+
+    def flush(self, full: bool = False) -> None:
+        return None
+
+
+_FLUSHED = _Flushed()
+
+
+def _soft_missing(leaves: List[Deferred], soft: List[int]) -> Tuple[int, ...]:
+    """The indices of the soft outputs (``soft``, of ``leaves``) that were not computed."""
+    return tuple(compress(soft, map(operator.is_, map(_VALUE, map(leaves.__getitem__, soft)),
+                                    repeat(None))))
+
+
+def _recompute_cone(end: _Step, calls: Sequence[Tuple], missing: Tuple[int, ...]
+                    ) -> Tuple[Tuple[bool, ...], Tuple[bool, ...], Tuple[int, ...]]:
+    """For the sequence ending at ``end`` (its ``calls``): ``(per call whether computing the
+    outputs ``missing`` needs it, per outside input whether it does, per call its output
+    count)``, by one walk backwards over the dataflow."""
+    counts = []
+    node = end
+    while node.parent is not None:  # (the calls' nodes, from the last up to the root)
+        counts.append(len(node.avals))
+        node = node.parent
+    counts.reverse()
+    starts = [0]
+    for count in counts:
+        starts.append(starts[-1] + count)
+    wanted = bytearray(starts[-1])
+    for i in missing:
+        wanted[i] = 1
+    needed = [False] * len(calls)
+    for c in range(len(calls) - 1, -1, -1):
+        if any(wanted[starts[c]:starts[c + 1]]):
+            needed[c] = True
+            for r in calls[c][2]:
+                if type(r) is int:
+                    wanted[r] = 1
+    outside = [needed[c] for c, (_, _, inputs) in enumerate(calls)
+               for r in inputs if type(r) is not int]
+    return tuple(needed), tuple(outside), tuple(counts)
 
 
 # the sets of referenced outputs a sequence gets programs for; then one returning every output
@@ -471,10 +546,18 @@ def active() -> bool:
 
 
 def _op_by_op(calls: Sequence[Tuple], externals: Sequence[jax.Array],
-              names: Optional[Dict[int, str]] = None) -> List[jax.Array]:
-    values: List[jax.Array] = []
+              names: Optional[Dict[int, str]] = None,
+              needed: Optional[Tuple[Tuple[bool, ...], Tuple[int, ...]]] = None
+              ) -> List[Any]:
+    """The calls' output leaves, run one by one on ``externals`` (the outside inputs in order);
+    with ``needed`` (per call whether to run it, per call its output count), only those calls
+    run, ``externals`` holds only their outside inputs, and the others' outputs are None."""
+    values: List[Any] = []
     outside = iter(externals)
     for i, (call, statics, inputs) in enumerate(calls):
+        if needed is not None and not needed[0][i]:
+            values += repeat(None, needed[1][i])
+            continue
         args = [values[r] if type(r) is int else next(outside) for r in inputs]
         if names and i in names:  # (an observed run: the call's Layer and operator, as a
             with jax.named_scope(names[i]), observe.labelled(names[i]):  # scope when traced)
@@ -679,7 +762,7 @@ def soften(values: Sequence[Any]) -> None:
     pending = list(compress(pending, map(operator.is_, map(_VALUE, pending), repeat(None))))
     if pending:
         _set_each(pending, "soft", repeat(True))
-        segment.soft = True
+        segment.soft += map(_INDEX, pending)
 
 
 def flush() -> None:
