@@ -69,6 +69,7 @@ except ImportError:  # another JAX layout: nothing is recorded (every op runs at
 
 from singa_jax._src.base import observe, process_state
 from singa_jax._src.eager.launcher import launch_in_thread
+from singa_jax._src.eager.recompute import FLUSHED, recompute_cone, soft_missing
 from singa_jax._src.eager.speculation import Plan, learn_plan, missed, predict
 from singa_jax._src.base.env import flag
 from singa_jax._src.base.modes import (current_trace_hook, eager_replay_flag,
@@ -298,7 +299,7 @@ class _Segment:
         _local.rebound = self.tensors
         # the inputs are dropped now, unless a soft output was not computed: then those it
         # is computed from are kept while the segment lives, for recompute
-        missing = _soft_missing(leaves, self.soft) if self.soft and live is not None else ()
+        missing = soft_missing(leaves, self.soft) if self.soft and live is not None else ()
         if missing:
             self.keep_for_recompute(missing, map(leaves.__getitem__, live))
         else:
@@ -316,11 +317,11 @@ class _Segment:
         -- keep these inputs alive."""
         kept = self.step.kept.get(missing)
         if kept is None:
-            kept = self.step.kept[missing] = _recompute_cone(self.step, self.calls, missing)
+            kept = self.step.kept[missing] = recompute_cone(self.step, self.calls, missing)
         needed, outside, counts = kept
         self.externals = list(compress(self.externals, outside))
         self.needed = (needed, counts)
-        _set_each(computed, "segment", repeat(_FLUSHED))
+        _set_each(computed, "segment", repeat(FLUSHED))
 
     def recompute(self) -> List[Optional[jax.Array]]:
         """The outputs of the flushed segment, run op by op from its inputs again: for a soft
@@ -334,55 +335,6 @@ class _Segment:
             self.recomputed = _op_by_op(self.calls, self.externals, needed=self.needed)
             _stats["recomputed"] += 1
         return self.recomputed
-
-
-class _Flushed:
-    """What a computed :class:`Deferred` points to once its segment kept inputs for a
-    recompute: no segment (its value is known; a segment held by it would keep them alive)."""
-
-    __slots__ = ()
-    done = True
-
-    def flush(self, full: bool = False) -> None:
-        return None
-
-
-_FLUSHED = _Flushed()
-
-
-def _soft_missing(leaves: List[Deferred], soft: List[int]) -> Tuple[int, ...]:
-    """The indices of the soft outputs (``soft``, of ``leaves``) that were not computed."""
-    return tuple(compress(soft, map(operator.is_, map(_VALUE, map(leaves.__getitem__, soft)),
-                                    repeat(None))))
-
-
-def _recompute_cone(end: _Step, calls: Sequence[Tuple], missing: Tuple[int, ...]
-                    ) -> Tuple[Tuple[bool, ...], Tuple[bool, ...], Tuple[int, ...]]:
-    """For the sequence ending at ``end`` (its ``calls``): ``(per call whether computing the
-    outputs ``missing`` needs it, per outside input whether it does, per call its output
-    count)``, by one walk backwards over the dataflow."""
-    counts = []
-    node = end
-    while node.parent is not None:  # (the calls' nodes, from the last up to the root)
-        counts.append(len(node.avals))
-        node = node.parent
-    counts.reverse()
-    starts = [0]
-    for count in counts:
-        starts.append(starts[-1] + count)
-    wanted = bytearray(starts[-1])
-    for i in missing:
-        wanted[i] = 1
-    needed = [False] * len(calls)
-    for c in range(len(calls) - 1, -1, -1):
-        if any(wanted[starts[c]:starts[c + 1]]):
-            needed[c] = True
-            for r in calls[c][2]:
-                if type(r) is int:
-                    wanted[r] = 1
-    outside = [needed[c] for c, (_, _, inputs) in enumerate(calls)
-               for r in inputs if type(r) is not int]
-    return tuple(needed), tuple(outside), tuple(counts)
 
 
 # the sets of referenced outputs a sequence gets programs for; then one returning every output
