@@ -47,7 +47,8 @@ about its sixth call, so every variant is warmed up ``WARMUP`` calls. Usage::
 (``xla_options.REPLAY_PIECE_CALLS``; 0: one program a step): on an accelerator the device
 runs each piece while the host records the next. ``--split`` prints each training step's
 time until its call returns (the host's recording, and on an accelerator the program's
-dispatch: the device is then running it) and then waiting for its results.
+dispatch: the device is then running it), then waiting for its results, then dropping the
+step before's autograd graph (Python objects and arrays the timed steps free as they go).
 ``--no-speculation`` adds eager variants with replay's speculation off (``autograd.replay_speculation(False)``: a
 recurring step's program then starts only once its recording ended).
 """
@@ -288,22 +289,32 @@ def torch_child(net_kind: str, batch: int, depth: int, steps: int, threads: int)
 def _print_split(net_kind: str, nets: Dict[str, Any], x: Any, y: Any, held: Dict[str, list],
                  steps: int) -> None:
     """Where a training step's time goes: until the call returns (the host's work; on an
-    accelerator the step's program is then dispatched and running) and then waiting for every
-    result. On a CPU the program runs inside the call."""
+    accelerator the step's program is then dispatched and running), then waiting for every
+    result, then dropping the step before's autograd graph (its loss: a loop that keeps the
+    last loss drops it when the next replaces it, as the timed steps do). On a CPU the
+    program runs inside the call."""
     import jax
     for key, net in nets.items():
-        until, total = [], []
+        until, waiting, dropping = [], [], []
+        net.train()
+        losses = [net(x, y)[1]]  # (the last step's: its graph lives until it is dropped)
         for _ in range(steps):
             t0 = time.perf_counter()
             net.train()
-            _, loss = net(x, y)
+            losses.append(net(x, y)[1])
             t1 = time.perf_counter()
-            jax.block_until_ready([loss.array] + [t.array for t in held[key]])
+            jax.block_until_ready([losses[-1].array] + [t.array for t in held[key]])
+            t2 = time.perf_counter()
+            del losses[0]  # the last reference to the step before's graph
+            t3 = time.perf_counter()
             until.append(t1 - t0)
-            total.append(time.perf_counter() - t0)
-        until_ms, total_ms = statistics.median(until) * 1e3, statistics.median(total) * 1e3
-        print(f"[{net_kind}] {key} train split: {total_ms:.2f} ms = {until_ms:.2f} until the "
-              f"call returns + {total_ms - until_ms:.2f} waiting (medians of {steps})")
+            waiting.append(t2 - t1)
+            dropping.append(t3 - t2)
+        until_ms, wait_ms, drop_ms = (statistics.median(v) * 1e3
+                                      for v in (until, waiting, dropping))
+        print(f"[{net_kind}] {key} train split (medians of {steps}): {until_ms:.2f} ms until "
+              f"the call returns + {wait_ms:.2f} waiting + {drop_ms:.2f} dropping the step "
+              f"before's graph")
 
 
 def jax_child(net_kind: str, batch: int, depth: int, steps: int, gc_freeze: bool = False,
