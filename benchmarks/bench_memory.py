@@ -29,6 +29,7 @@ memory cap ``--cap-gib`` (JAX: ``XLA_PYTHON_CLIENT_MEM_FRACTION``; PyTorch:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -182,22 +183,25 @@ def _run(a: argparse.Namespace, framework: str, model_name: str, policy: str, ba
 
 _PROBE = ("import json, jax; s = jax.local_devices()[0].memory_stats() or {}; "
           "print(json.dumps(s.get('bytes_limit')))")
-_DEVICE_BYTES: List[Optional[int]] = []
+
+
+@functools.lru_cache(maxsize=None)
+def _device_bytes() -> Optional[int]:
+    """The device's memory in bytes (None where JAX reports none: the CPU), asked in a process
+    of its own -- this one must not hold a device: JAX would reserve most of its memory here --
+    with nothing reserved and the whole device allowed, so that its allocator's limit is the
+    device's memory."""
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               XLA_PYTHON_CLIENT_MEM_FRACTION="1.0")
+    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                         env=env).stdout.strip().splitlines()
+    return json.loads(out[-1]) if out else None
 
 
 def _fraction(cap_gib: float) -> float:
-    """``XLA_PYTHON_CLIENT_MEM_FRACTION`` for a cap of ``cap_gib``: the fraction of the device's
-    whole memory. The device's size is asked in a process of its own (this one must not hold a
-    device: JAX would reserve most of its memory here), with nothing reserved and the whole
-    device allowed, so that its allocator's limit is the device's memory."""
-    if not _DEVICE_BYTES:
-        env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
-                   XLA_PYTHON_CLIENT_MEM_FRACTION="1.0")
-        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                             env=env).stdout.strip().splitlines()
-        _DEVICE_BYTES.append(json.loads(out[-1]) if out else None)
-    total = _DEVICE_BYTES[0] or cap_gib * 2 ** 30
-    return min(1.0, cap_gib * 2 ** 30 / total)
+    """``XLA_PYTHON_CLIENT_MEM_FRACTION`` for a cap of ``cap_gib``: its share of the device's
+    whole memory."""
+    return min(1.0, cap_gib * 2 ** 30 / (_device_bytes() or cap_gib * 2 ** 30))
 
 
 def _largest(a: argparse.Namespace, framework: str, model_name: str, policy: str,

@@ -5,6 +5,7 @@ execution (``autograd.eager_replay(False)``) from the same seed: float32 on the 
 to XLA's fusion rounding (1e-6; on a GPU's TF32 up to two programs' own roundings:
 backend_precision.two_programs_tolerance)."""
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -161,8 +162,6 @@ def test_a_replayed_step_keeps_of_the_last_state_only_what_its_graph_may_need():
     the parameters it read stay alive -- but not the optimizer slots it updated, and once the
     graph is dropped, nothing of the state it read (the guard watching for skipped updates
     included)."""
-    import weakref
-
     net = _build(_sgd())
     x, y = _data()
     _warm(net, x, y)

@@ -86,7 +86,6 @@ _AVAL = operator.attrgetter("aval")
 _VALUE = operator.attrgetter("value")
 _INDEX = operator.attrgetter("index")
 _SEGMENT = operator.attrgetter("segment")
-_SOFT = operator.attrgetter("soft")
 _exhaust = collections.deque(maxlen=0).extend  # runs an iterator to its end
 
 
@@ -113,16 +112,12 @@ COMPILE_ON = 2
 class Deferred:
     """The value of a recorded kernel output: its aval now, its array once its segment flushed."""
 
-    __slots__ = ("aval", "shape", "dtype", "segment", "index", "value", "soft")
+    __slots__ = ("aval", "shape", "dtype", "segment", "index", "value")
 
     def __init__(self, aval: Any, segment: "_Segment", index: int):
         # (the aval's own size/ndim properties are slow: hundreds of us for a pullback's avals)
         self.aval, self.shape, self.dtype = aval, aval.shape, aval.dtype
         self.segment, self.index, self.value = segment, index, None
-        # an input of a later kernel of its own segment held only for a backward that may
-        # come again (a pullback's residual, see soften): computed at the flush only when a
-        # Tensor still holds it, else on demand (recompute)
-        self.soft = False
 
     @property
     def ndim(self) -> int:
@@ -221,7 +216,10 @@ class _Segment:
         self.tensors: List[Any] = []
         self.bound: List[int] = []
         self.done = False
-        self.soft: List[int] = []  # the indices of its soft outputs (see soften)
+        # the indices of its soft outputs: inputs of later kernels of this segment held only
+        # for a backward that may come again (a pullback's residuals, see soften), computed at
+        # the flush only when a Tensor still holds one, else on demand (recompute)
+        self.soft: List[int] = []
         self.recomputed: Optional[List[jax.Array]] = None  # every output, once recomputed
         # after the flush, with soft outputs left uncomputed: which calls a recompute runs
         # and the output count of each (the others' inputs are let go, see keep_for_recompute)
@@ -263,9 +261,9 @@ class _Segment:
             # less the soft outputs no Tensor holds (only pullbacks, which the recorded
             # backward walk of this segment has served)
             kept = set(compress(self.bound, holds))
+            soft = set(self.soft)
             live = tuple(compress(live, map(operator.or_,
-                                            map(operator.not_, map(_SOFT, map(leaves.__getitem__,
-                                                                              live))),
+                                            map(operator.not_, map(soft.__contains__, live)),
                                             map(kept.__contains__, live))))
         if live not in programs and len(programs) >= _OUTPUT_SETS:
             live = None  # (this sequence ends with ever other outputs referenced: all of them)
@@ -711,10 +709,8 @@ def soften(values: Sequence[Any]) -> None:
         return
     pending = list(compress(values, map(operator.is_, map(getattr, values, repeat("segment"),
                                                           repeat(None)), repeat(segment))))
-    pending = list(compress(pending, map(operator.is_, map(_VALUE, pending), repeat(None))))
-    if pending:
-        _set_each(pending, "soft", repeat(True))
-        segment.soft += map(_INDEX, pending)
+    segment.soft += map(_INDEX, compress(pending, map(operator.is_, map(_VALUE, pending),
+                                                      repeat(None))))
 
 
 def flush() -> None:
