@@ -110,14 +110,14 @@ def _backpropagate(roots: Sequence[Tuple[Tensor, jax.Array]], retain_graph: bool
     gc_tuning.tune()  # an eager training loop keeps each graph until the next step (see there)
     if not record:
         replay.flush()  # the forward's recorded kernels run now (their residuals are needed)
-    fused = fused_walk(roots, wanted, record)
+    # (a recorded walk retains the graph: it may be recorded again without its operators)
+    fused = fused_walk(roots, wanted, record and retain_graph)
     if fused is not None:
-        ops, yields = fused
+        ops, yields, device = fused
         if not retain_graph:
             for op in ops:
                 op.release()
                 op.freed = True
-        device = ops[0].device
         for x, g, name in yields:
             yield x, g, name, device
         return

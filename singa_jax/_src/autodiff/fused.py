@@ -18,10 +18,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 
+from singa_jax._src.autodiff import graph_log
 from singa_jax._src.autodiff.operator import Operator
 from singa_jax._src.autodiff.walk import walk, walks_into
 from singa_jax._src.backend.xla_options import fuses_heavy_walks, kernel
-from singa_jax._src.base import process_state
+from singa_jax._src.base import observe, process_state
 from singa_jax._src.base.modes import is_backward_fused, is_reproducible
 from singa_jax._src.base.node import Dummy, Node
 from singa_jax._src.eager import replay
@@ -117,19 +118,29 @@ class _Plan:
 
 
 def fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int], Tensor],
-                record: bool = False) -> Optional[Tuple[list, list]]:
-    """(operators walked, the walk's yields) computed by one replay kernel, or None when this
-    walk goes op by op: inside a trace (already one program), fused walks off, an operator
-    without a pure pullback, several devices, or a plan not seen before.
+                record: bool = False) -> Optional[Tuple[list, list, Any]]:
+    """(operators walked, the walk's yields, their device) computed by one replay kernel, or
+    None when this walk goes op by op: inside a trace (already one program), fused walks off,
+    an operator without a pure pullback, several devices, or a plan not seen before.
 
-    With ``record``, while eager replay records the forward's segment on the walk's device,
-    the replay kernel is recorded into it too (its yields are Deferred) and the pullback
-    states it reads are marked soft (:func:`~singa_jax._src.eager.replay.soften`): a training step's
-    residuals then never leave the segment's program. Otherwise the pullback states are
-    computed first (a flush)."""
+    With ``record`` (a walk that retains the graph), while eager replay records the forward's
+    segment on the walk's device, the replay kernel is recorded into it too (its yields are
+    Deferred) and the pullback states it reads are marked soft
+    (:func:`~singa_jax._src.eager.replay.soften`): a training step's residuals then never
+    leave the segment's program. Otherwise the pullback states are computed first (a flush).
+    A recorded walk from one root at a point of a recurring sequence where the same walk was
+    recorded over a graph of the same log (:mod:`.graph_log`) is recorded again without
+    reading the graph (no operators are returned then: nothing to release)."""
     if not is_backward_fused() or any(isinstance(g, jax.core.Tracer) for _, g in roots):
         return None
     heavy = fuses_heavy_walks(roots[0][0].device.platform)
+    again = None
+    if record and len(roots) == 1 and not wanted and not observe.on:
+        again = _WalkAgain.find(roots[0], heavy)
+        if again is not None and again.walk is not None:
+            yields = again.walk.record(again.segment, roots[0])
+            if yields is not None:
+                return [], yields, again.segment.device
     shape = _Shape.of(roots, wanted, record, heavy)
     known = None if shape is None else _known_shapes.get(shape.signature)
     if known is not None:  # a walk of a graph shaped as one planned before: no symbolic walk
@@ -161,11 +172,108 @@ def fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int
     leaves = [leaf for state in states for leaf in state]
     sizes = tuple([len(state) for state in states])
     at = device if record and replay.pending(device) else None
+    if at is not None and again is not None:
+        again.before(replay.recording_segment(at))
     values = replay.run(fused_backward_walk, (plan_id, sizes), leaves + [g for _, g in roots],
                         at)
     if at is not None:
         replay.soften(leaves)
-    return ops, [(x, v, name) for (x, _, name), v in zip(yields, values)]
+        if again is not None:
+            again.learn(roots[0], [x for x, _, _ in yields])
+    return ops, [(x, v, name) for (x, _, name), v in zip(yields, values)], device
+
+
+class _RecordedWalk:
+    """A walk recorded at one point of a recurring sequence, as it is recorded there again:
+    the node of replay's tree its call leads to, where its outside inputs are among the
+    segment's (all but the last: the root's gradient), which of its inputs it marked soft, and
+    per yield the place of its tensor in the log's ``kept`` (-1: the root)."""
+
+    __slots__ = ("node", "outside", "soft", "yields")
+
+    def __init__(self, node: Any, outside: Tuple[int, ...], soft: Tuple[int, ...],
+                 yields: Tuple[int, ...]):
+        self.node, self.outside, self.soft, self.yields = node, outside, soft, yields
+
+    def record(self, segment: Any, root: Tuple[Tensor, Any]) -> Optional[list]:
+        """Record this walk into ``segment`` again, from ``root``: its yields, or None."""
+        y, g = root
+        externals = segment.externals
+        values = replay.record_again(segment, self.node,
+                                     [externals[i] for i in self.outside] + [g], self.soft)
+        if values is None:
+            return None
+        kept = segment.graph.kept
+        yields = []
+        for k, v in zip(self.yields, values):
+            x = y if k < 0 else kept[k]
+            creator = x.creator
+            yields.append((x, v, creator.grad_name(creator.y_id2idx[id(x)])))
+        return yields
+
+
+_walks_again: Dict[Tuple, _RecordedWalk] = {}
+
+
+class _WalkAgain:
+    """A recorded walk's key in :data:`_walks_again` -- the log's entries, the root's place in
+    it, the point of the sequence, the limits a plan is accepted under -- and what learning it
+    needs (see :func:`fused_walk`)."""
+
+    __slots__ = ("segment", "key", "walk", "start")
+
+    @classmethod
+    def find(cls, root: Tuple[Tensor, Any], heavy: bool) -> Optional["_WalkAgain"]:
+        """The key of a walk from ``root`` (and the walk recorded under it before, if any), or
+        None when this walk cannot be recorded again: no segment recording, its log not
+        valid, the root not made in it, a root gradient that is not an array."""
+        y, g = root
+        if type(g) is not replay.ArrayImpl:
+            return None
+        segment = replay.recording_segment(y.device)
+        log = None if segment is None else segment.graph
+        if log is None or not log.valid:
+            return None
+        creator = y.creator
+        p = graph_log.position(log, creator)
+        if p < 0:
+            return None
+        found = object.__new__(cls)
+        found.segment = segment
+        found.key = (tuple(log.entries), p, creator.y_id2idx[id(y)], segment.step, heavy,
+                     FUSED_WALK_MAX_OPS, FUSED_WALK_MAX_SMALL_OPS, FUSED_WALK_SMALL_OP)
+        found.walk = _walks_again.get(found.key)
+        found.start = None
+        return found
+
+    def before(self, segment: Any) -> None:
+        """Called just before the walk's call is recorded into ``segment``."""
+        if segment is self.segment:
+            self.start = (segment.step, len(segment.externals), len(segment.soft))
+
+    def learn(self, root: Tuple[Tensor, Any], xs: Sequence[Tensor]) -> None:
+        """After the walk from ``root`` yielding ``xs`` was recorded: remember it, if its call
+        is the segment's last and every input it took from outside the segment is one that
+        exactly one call of the segment took before (a forward's input: the array at that
+        place of the segment's inputs next time)."""
+        segment, start = self.segment, self.start
+        if start is None or segment.done or segment.graph is None or \
+                segment.step.parent is not start[0] or len(_walks_again) >= _PLANS_KEPT:
+            return
+        node, n_outside, n_soft = start
+        externals = segment.externals
+        if len(externals) <= n_outside or externals[-1] is not root[1]:
+            return
+        at: Dict[int, Optional[int]] = {}
+        for i, a in enumerate(externals[:n_outside]):
+            at[id(a)] = None if id(a) in at else i  # (an array taken twice: no one place)
+        outside = [at.get(id(a)) for a in externals[n_outside:-1]]
+        kept_at = segment.graph.kept_at
+        places = [-1 if x is root[0] else kept_at.get(id(x)) for x in xs]
+        if None in outside or None in places:
+            return
+        _walks_again[self.key] = _RecordedWalk(segment.step, tuple(outside),
+                                               tuple(segment.soft[n_soft:]), tuple(places))
 
 
 def _plan_id(key: Tuple) -> Optional[int]:
@@ -334,3 +442,4 @@ def _forget_plans() -> None:
     with _plans_lock:
         _seen_plans.clear()
         _known_shapes.clear()
+        _walks_again.clear()

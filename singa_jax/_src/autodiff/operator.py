@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 
+from singa_jax._src.autodiff import graph_log
 from singa_jax._src.base import observe
 from singa_jax._src.base.node import Dummy, Node  # noqa: F401
 from singa_jax._src.runtime.ctensor import CTensor, as_array
@@ -118,6 +119,7 @@ class Operator(Node):
         self.input_needs_grad = _NEEDS.get(needs) or (
             _NEEDS.setdefault(needs, needs) if len(_NEEDS) < 4096 else needs)
         self.device = dev
+        recorded = False
         if self.takes_arrays:
             if one_device and self.replayable and dev is not None and replay.active():
                 # the inputs' values may still be pending (Deferred): the op records its kernel
@@ -126,6 +128,7 @@ class Operator(Node):
                     ys = self.forward(*[x._data for x in xs])
                 finally:
                     self.replay_device = None
+                recorded = True
             else:
                 ys = self.forward(*[x.array for x in xs])
         else:
@@ -143,6 +146,8 @@ class Operator(Node):
         if tracked:
             for y in outs:
                 y.tracked = True
+        if recorded:  # (its place in the graph, for a walk that recurs: see graph_log)
+            graph_log.note_operator(self, len(outs))
         return outs
 
     def _not_a_tensor(self, xs: tuple) -> TypeError:

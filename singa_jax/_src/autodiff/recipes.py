@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 
 import jax
 
-from singa_jax._src.autodiff import residuals
+from singa_jax._src.autodiff import graph_log, residuals
 from singa_jax._src.autodiff.function import Function, NonDifferentiable
 from singa_jax._src.autodiff.kernels import (FLAT, forward_kernel, forward_vjp_kernel, interned,
                                              kept_pullback, op_error, split_state, store_writes)
@@ -47,7 +47,8 @@ __all__ = ["Recipe", "kind_call", "recorded_by_kind", "new_holder", "ENABLED"]
 ENABLED = flag("SINGA_JAX_KIND_RECIPES")
 
 # an operator's attributes that each call sets (the rest is the kind's, for one signature)
-_PER_CALL = frozenset({"name", "src", "y_id2idx", "_pullback", "_flat", "_all_inputs"})
+_PER_CALL = frozenset({"name", "src", "y_id2idx", "_pullback", "_flat", "_all_inputs",
+                       graph_log.POSITION})
 _RECIPES_KEPT = 64  # per holder (a handle, the table's classes): keys beyond these go generic
 
 
@@ -156,6 +157,8 @@ class Recipe:
                     state["_pullback"] = kept_pullback(pullback, args, ys, device)
                     state["_flat"] = None
                 state["_all_inputs"] = None if self.every is None else (args, self.every)
+                if step is not None:  # (noted in the segment's graph log: see graph_log)
+                    graph_log.note(outs[0].segment, op, self, src)
             else:
                 ys = replay.run(forward_kernel, self.statics, args, device)
                 new_state = ()

@@ -6,7 +6,7 @@ Replay removes the per-kernel dispatch from a sequence that recurs (an evaluatio
 training step's forward, fused backward walk and update), keeping eager semantics whole:
 
 * **Record.** An operator whose kernel's outputs are known for its static arguments and input
-  shapes/dtypes (traced once per signature, :func:`_abstract_outputs`; a kernel whose trace
+  shapes/dtypes (traced once per signature, :mod:`.abstract`; a kernel whose trace
   fails runs at once and raises there) is not run: its kernel call is appended to the
   thread's pending *segment* and its outputs are :class:`Deferred` placeholders with their
   shape and dtype. Tensors hold them as their ``_data``; a Tensor's shape, dtype and creator
@@ -68,6 +68,7 @@ except ImportError:  # another JAX layout: nothing is recorded (every op runs at
         pass
 
 from singa_jax._src.base import observe, process_state
+from singa_jax._src.eager import abstract
 from singa_jax._src.eager.launcher import launch_in_thread
 from singa_jax._src.eager.recompute import FLUSHED, recompute_cone, soft_missing
 from singa_jax._src.eager.speculation import Plan, learn_plan, missed, predict
@@ -79,7 +80,8 @@ from singa_jax._src.backend.xla_options import (kernel, launches_in_thread, no_t
                                                 replay_piece_calls)
 
 __all__ = ["Deferred", "run", "run_flat", "flush", "bind", "bind_all", "pending", "soften",
-           "resolve_tree", "call_arguments", "stats", "MAX_RECORDS", "MIN_RECORDS", "COMPILE_ON"]
+           "recording_segment", "record_again", "resolve_tree", "call_arguments", "stats",
+           "MAX_RECORDS", "MIN_RECORDS", "COMPILE_ON"]
 
 # Loops over every output or input of a step (a thousand and more) run as C-level maps
 _AVAL = operator.attrgetter("aval")
@@ -196,7 +198,7 @@ class _Segment:
     """The pending kernel calls of one thread on one device."""
 
     __slots__ = ("device", "limit", "calls", "step", "externals", "leaves", "tensors", "bound",
-                 "done", "soft", "recomputed", "arguments", "spec", "names", "needed")
+                 "done", "soft", "recomputed", "arguments", "spec", "names", "needed", "graph")
 
     def __init__(self, device: Any):
         self.device = device
@@ -231,6 +233,9 @@ class _Segment:
         # {call index: "layer path/Operator"} of the calls recorded while observed: its
         # program names them (a profile of the replayed step shows the Layers and operators)
         self.names: Optional[Dict[int, str]] = None
+        # what the engine above notes about the operators recorded here while the segment
+        # records (the autograd graph's log, see autodiff.graph_log); dropped at the flush
+        self.graph: Any = None
 
     def flush(self, full: bool = False) -> None:
         """Run the recorded calls and rebind the Tensors holding their outputs; ``full``: the
@@ -238,6 +243,7 @@ class _Segment:
         if self.done:
             return
         self.done = True
+        self.graph = None
         _stats["recorded"] += len(self.calls)  # (counted here, not per call)
         if _local.segment is self:
             _local.segment = None
@@ -357,28 +363,6 @@ def _referenced(leaves: List["Deferred"]) -> Optional[Tuple[int, ...]]:
 
 
 _UNCOMPILABLE = object()
-# kernel signature (call, statics, input avals) -> (outputs' treedef, leaf avals), from tracing
-# the kernel once (:func:`_abstract_outputs`), or _UNKNOWN
-_OUTPUTS: Dict[Tuple, Any] = {}
-_UNKNOWN = object()
-
-
-def _abstract_outputs(call: Callable, statics: Tuple, avals: Tuple) -> Any:
-    """``(treedef, leaf avals)`` of ``call(*statics, *args)`` for inputs of ``avals``, by
-    abstract evaluation (a trace, which the kernel's first real call reuses): a kernel is then
-    recorded the first time it is met, and the segment around it goes on. Before, a kernel had
-    to run once first, and running it flushed the segment -- with SINGA's ResNet-50 (50 kernel
-    signatures) each forward learnt a few and ran op by op after (an NVIDIA H200: eager == op
-    by op after 12 steps). :data:`_UNKNOWN` where the trace fails: the call then runs at once
-    and raises its error where the operator was called."""
-    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-    try:
-        out = jax.eval_shape(lambda *xs: call(*statics, *xs), *specs)
-    except Exception:  # noqa: BLE001  (the real call reports it)
-        return _UNKNOWN
-    leaves, treedef = jax.tree_util.tree_flatten(out)
-    return treedef, tuple([jax.core.ShapedArray(leaf.shape, leaf.dtype,
-                                                weak_type=leaf.weak_type) for leaf in leaves])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,7 +439,7 @@ def _learn(segment: _Segment, live: Optional[Tuple[int, ...]], values: List[Any]
 
 
 _stats = {"recorded": 0, "replayed": 0, "op_by_op": 0, "compiled": 0, "recomputed": 0,
-          "speculated": 0, "mispredicted": 0, "reads": 0}
+          "speculated": 0, "mispredicted": 0, "reads": 0, "recorded_again": 0}
 
 
 class _Local(threading.local):
@@ -590,11 +574,8 @@ def run_flat(call: Callable, statics: Tuple, args: Sequence[Any], device: Any
     parent = _ROOT if own is None else own.step
     step = parent.next.get(key)
     if step is None:  # a call not recorded at this point of a sequence before
-        signature = (call, statics, tuple([a.aval for a in args]))
-        known = _OUTPUTS.get(signature)
-        if known is None:  # a kernel signature not seen before: its outputs by tracing
-            known = _OUTPUTS[signature] = _abstract_outputs(call, statics, signature[2])
-        if known is _UNKNOWN:  # (its trace failed: run at once, the call raises its error)
+        known = abstract.outputs(call, statics, tuple([a.aval for a in args]))
+        if known is abstract.UNKNOWN:  # (its trace failed: run at once, the call raises it)
             local.ran += 1
             return call(*statics, *resolve_all(args)), None
         step = parent.next.setdefault(key, _Step(key, known, parent))
@@ -603,6 +584,12 @@ def run_flat(call: Callable, statics: Tuple, args: Sequence[Any], device: Any
             segment.flush()
         segment = local.segment = _Segment(device)
     segment.externals += resolve_all(outside) if foreign else outside
+    return _append(segment, step), step
+
+
+def _append(segment: _Segment, step: _Step) -> List[Deferred]:
+    """Append the call that leads to ``step`` (its outside inputs appended already) to
+    ``segment``: its outputs' Deferred values."""
     leaves = segment.leaves
     start = len(leaves)
     if step.single:
@@ -622,7 +609,35 @@ def run_flat(call: Callable, statics: Tuple, args: Sequence[Any], device: Any
         _speculate(segment, step.speculate)
     if len(calls) >= segment.limit:
         segment.flush(full=True)
-    return outs, step
+    return outs
+
+
+def recording_segment(device: Any) -> Optional[_Segment]:
+    """This thread's segment being recorded on ``device`` now, or None. Its ``step`` is the
+    position its calls have reached in the tree of sequences, its ``graph`` what the layers
+    above note about it (see :class:`_Segment`)."""
+    segment = _local.segment
+    if segment is not None and segment.device is device and _local.recording and \
+            not segment.done:
+        return segment
+    return None
+
+
+def record_again(segment: _Segment, step: _Step, externals: List[Any],
+                 soft: Sequence[int]) -> Optional[List[Deferred]]:
+    """Record again the call that leads to ``step`` -- a child of the position ``segment`` has
+    reached (the same call recorded at the same point of the same sequence before) -- on the
+    outside inputs ``externals`` (arrays, in the order of its inputs that are not outputs of the
+    segment), marking its inputs numbered ``soft`` soft (see :func:`soften`): its outputs, as
+    :func:`run_flat` gives them, without looking at an input. None (nothing recorded) when
+    ``segment`` is no longer recording at that position."""
+    if segment is not _local.segment or segment.done or step.parent is not segment.step or \
+            not _local.recording:
+        return None
+    segment.soft += soft
+    segment.externals += externals
+    _stats["recorded_again"] += 1
+    return _append(segment, step)
 
 
 _FEW = 8  # inputs a call's loop takes one by one (a backward walk, an update: maps)
@@ -693,9 +708,7 @@ def bind_all(tensors: Sequence[Any], values: Sequence[Any]) -> None:
 def pending(device: Any) -> bool:
     """Whether this thread is recording a segment on ``device`` now (a kernel handed to
     :func:`run` with it may join it)."""
-    segment = _local.segment
-    return segment is not None and segment.device is device and _local.recording and \
-        not segment.done
+    return recording_segment(device) is not None
 
 
 def soften(values: Sequence[Any]) -> None:
@@ -735,8 +748,9 @@ def resolve_tree(tree: Any) -> Any:
 def stats() -> Dict[str, int]:
     """Counters since start: kernel calls recorded, segments replayed by a compiled program or
     run op by op, programs compiled, flushed segments rerun for a soft output (recomputed),
-    programs started ahead on predicted inputs (speculated, mispredicted), and segments a
-    value read before their step ended (reads)."""
+    programs started ahead on predicted inputs (speculated, mispredicted), segments a value
+    read before their step ended (reads), and calls recorded again at a known point of a
+    sequence without reading their inputs (recorded_again: a training step's backward walk)."""
     counts = dict(_stats)
     segment = _local.segment
     if segment is not None and not segment.done:  # (this thread's calls not flushed yet)
