@@ -110,3 +110,28 @@ def test_compiled_step_carries_only_the_state_it_changes():
     rewritten = list(m.get_params().values()) + list(sgd.get_states().values())
     assert ids(rewritten) <= ids(prog.donated) and ids(prog.written) == ids(prog.donated)
     assert prog.donated_devices == [device.get_default_device()]  # dropout advances the key
+
+
+def test_evaluation_does_not_walk_the_layers_again_while_the_loss_layer_waits(monkeypatch):
+    """An evaluation never calls the loss layer, so it stays uninitialised: the layers a call
+    may initialise (and a failing call un-initialises) are found once per structure, not
+    on every call -- and found again when a layer joins the model."""
+    from singa_jax._src.model import model as model_mod
+    walks = []
+    real = model_mod.layer_tree
+    # (the model's own binding: its calls' walks are counted, not initialization's)
+    monkeypatch.setattr_one(model_mod, "layer_tree",
+                            lambda root: walks.append(root) or real(root))
+    m = MLP()
+    m.compile([tensor.Tensor(MLP_IN)], is_train=False, use_graph=False)
+    m.eval()
+    x, _ = data(MLP_IN, 0)
+    m(x)
+    assert m._uninitialised_layers() == [m.loss]
+    walks.clear()
+    for _ in range(3):
+        m(x)
+    assert walks == []
+    m.extra = layer.Linear(2)  # a new layer, not yet initialised: the model's structure changed
+    assert {id(lay) for lay in m._uninitialised_layers()} == {id(m.loss), id(m.extra)}
+    assert len(walks) == 1

@@ -419,14 +419,17 @@ class Model(Layer, metaclass=ModelMeta):
             yield
 
     def _uninitialised_layers(self) -> List[Layer]:
-        """Layers of this model not yet initialised (a first call initialises them). Once all
-        are, nothing is walked again until the model's structure changes."""
-        if self.__dict__.get("_initialised_at") == self._structure_version:
-            return []
+        """Layers of this model not yet initialised (a first call initialises them). The
+        layers are walked again only when the model's structure has changed since (which a
+        layer's initialisation does): an evaluation that never calls the model's loss layer
+        does not walk them on every call."""
+        version = self._structure_version
+        known = self.__dict__.get("_uninitialised_at")
+        if known is not None and known[0] == version:
+            return list(known[1])
         pending = [layer for layer in layer_tree(self)
                    if not layer.__dict__.get("_initialized", False)]
-        if not pending:
-            self.__dict__["_initialised_at"] = self._structure_version
+        self.__dict__["_uninitialised_at"] = (version, tuple(pending))
         return pending
 
     # --- graph mode ------------------------------------------------------------------------------
