@@ -23,6 +23,7 @@ that is not replay's record itself.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 
 import jax
@@ -50,6 +51,7 @@ ENABLED = flag("SINGA_JAX_KIND_RECIPES")
 _PER_CALL = frozenset({"name", "src", "y_id2idx", "_pullback", "_flat", "_all_inputs",
                        graph_log.POSITION})
 _RECIPES_KEPT = 64  # per holder (a handle, the table's classes): keys beyond these go generic
+_SERIALS = itertools.count()
 
 
 class Recipe:
@@ -62,7 +64,7 @@ class Recipe:
     backward needs when the call skipped inputs."""
 
     __slots__ = ("cls", "fn", "prefix", "attrs", "modes", "inputs", "device", "statics",
-                 "keeps", "every", "requires_grad", "stateful")
+                 "keeps", "every", "requires_grad", "stateful", "serial")
 
     @classmethod
     def learn(cls, op: Function, xs: Sequence[Tensor], modes: Tuple) -> Optional["Recipe"]:
@@ -83,6 +85,9 @@ class Recipe:
             inputs.append((x._data.aval, x.requires_grad, x.stores_grad,
                            isinstance(x.creator, Dummy)))
         recipe = object.__new__(cls)
+        # (what a graph log notes of its operators: a number no other recipe has, which holds
+        # nothing alive)
+        recipe.serial = next(_SERIALS)
         recipe.cls, recipe.fn, recipe.prefix, recipe.modes = kind, kind.fn, kind.__name__, modes
         recipe.attrs = {k: v for k, v in state.items() if k not in _PER_CALL}
         recipe.inputs, recipe.device = tuple(inputs), device
@@ -158,7 +163,7 @@ class Recipe:
                     state["_flat"] = None
                 state["_all_inputs"] = None if self.every is None else (args, self.every)
                 if step is not None:  # (noted in the segment's graph log: see graph_log)
-                    graph_log.note(outs[0].segment, op, self, src)
+                    graph_log.note(outs[0].segment, op, self.serial, src)
             else:
                 ys = replay.run(forward_kernel, self.statics, args, device)
                 new_state = ()
