@@ -1,8 +1,10 @@
 """Eager mode's paths on and off, taking turns in one process: the recording path per operator
-kind (``autograd/kinds.py``, ``kinds.ENABLED``), the remembered backward walk
-(``autograd/engine.py``'s ``_Shape``: a walk whose graph signature was planned before skips the
-symbolic walk) and the lean pullbacks (``autograd/residuals.register_lean``: relu's and batch
-norm's hand-written pullbacks; off, the forward kernel differentiates the plain functions).
+kind (``autodiff/recipes.py``, ``recipes.ENABLED``), the remembered backward walk
+(``autodiff/fused.py``'s ``_Shape``: a walk whose graph signature was planned before skips the
+symbolic walk), the walk recorded again from the step's graph log (``autodiff/graph_log.py``,
+``fused._WalkAgain``: a recurring step's walk skips reading the graph) and the lean pullbacks
+(``autodiff/residuals.py``: relu's and batch norm's hand-written pullbacks; off, the forward
+kernel differentiates the plain functions).
 
 ``deep``: ``bench_eager.py``'s dispatch-bound network (100 x [Conv2d 8->8, BatchNorm2d, ReLU]
 on one 8x8x8 image, SGD with momentum): the training step, its forward and its backward walk
@@ -13,14 +15,14 @@ printed, and the median of those ratios (on a host whose load drifts, steadier t
 of the medians). Every timed step waits for all of its results.
 
     python benchmarks/bench_eager_paths.py [--nets deep,mlp,cnn] [--rounds 8] [--steps 10]
-        [--only kinds|walk|lean]
+        [--only kinds|walk|again|lean]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import jax
 import numpy as np
@@ -56,10 +58,12 @@ class _NoMemory(dict):
         return 1 << 30
 
 
-def _set(on: bool, only: str, remembered: dict) -> None:
-    """Each path on, or off where ``on`` is False and it is ``only`` (None: every path)."""
+def _set(on: bool, only: str, remembered: Tuple[dict, dict]) -> None:
+    """Each path on, or off where ``on`` is False and it is ``only`` (None: every path);
+    ``remembered``: the walks' memories to put back."""
     kinds.ENABLED = on or only not in (None, "kinds")
-    fused._known_shapes = remembered if (on or only not in (None, "walk")) else _NoMemory()
+    fused._known_shapes = remembered[0] if (on or only not in (None, "walk")) else _NoMemory()
+    fused._walks_again = remembered[1] if (on or only not in (None, "again")) else _NoMemory()
     # (the kernel is read from its module at each call: a recipe keeps only its statics)
     kernels.forward_vjp_kernel = kinds.forward_vjp_kernel = \
         _LEAN_KERNEL if (on or only not in (None, "lean")) else _plain_forward_vjp_kernel
@@ -113,7 +117,7 @@ def deep(rounds: int, steps: int, only: str) -> None:
         net.eval()
         jax.block_until_ready(net(x).array)
 
-    remembered = fused._known_shapes
+    remembered = (fused._known_shapes, fused._walks_again)
     results = {(k, on): [] for k in ("step", "forward", "walk", "eval") for on in (True, False)}
     for on in (True, False):  # (each variant's programs compiled before timing)
         _set(on, only, remembered)
@@ -146,7 +150,7 @@ def small(kind: str, rounds: int, steps: int, only: str) -> None:
         _, loss = net(x, y)
         jax.block_until_ready([loss.array] + [t.array for t in state])
 
-    remembered = fused._known_shapes
+    remembered = (fused._known_shapes, fused._walks_again)
     results = {True: [], False: []}
     for on in (True, False):
         _set(on, only, remembered)
@@ -165,9 +169,9 @@ def main() -> None:
     ap.add_argument("--nets", default="deep,mlp,cnn")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--only", choices=["kinds", "walk", "lean"], default=None,
-                    help="switch only the per-kind path, the remembered walk or the lean "
-                         "pullbacks")
+    ap.add_argument("--only", choices=["kinds", "walk", "again", "lean"], default=None,
+                    help="switch only the per-kind path, the remembered walk, the walk "
+                         "recorded again or the lean pullbacks")
     args = ap.parse_args()
     print(f"jax {jax.__version__}; {jax.devices()[0]}; switched: {args.only or 'all'}")
     for net in args.nets.split(","):
