@@ -1,13 +1,13 @@
 """The log of the autograd graph a recording segment builds: what each operator is and where
 its inputs come from -- the graph's structure, without reading its objects again.
 
-A backward walk reads the creator graph from the loss (:class:`.fused._Shape`: about 3 us per
-operator on a CPU); a training step that recurs builds the same graph again, and its walk is
-recorded into the step's segment again. While eager replay records a segment, each operator of a
-training-mode call is noted in the segment's log as one entry: its kind -- the serial number
-of its per-kind recipe (:mod:`.recipes`), or for an operator made by the generic path its type,
-whether it needs a gradient and its pullback's structure -- and, per input, where that input
-comes from:
+A backward walk reads the creator graph from the loss (:class:`.fused._Shape`: a few
+microseconds per operator on a CPU); a training step that recurs builds the same graph again,
+and its walk is recorded into the step's segment again. While eager replay records a segment,
+each operator of a training-mode call is noted in the segment's log as one entry: its kind --
+the serial number of its per-kind recipe (:mod:`.recipes`), or for an operator made by the
+generic path its type, whether it needs a gradient and its pullback's structure -- and, per
+input, where that input comes from:
 
 * ``p`` (or ``(p, j)`` for output ``j`` of an operator of several): the operator noted at
   position ``p`` of this log made it;
