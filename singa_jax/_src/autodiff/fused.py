@@ -258,9 +258,11 @@ class _WalkAgain:
         place of the segment's inputs next time)."""
         segment, start = self.segment, self.start
         if start is None or segment.done or segment.graph is None or \
-                segment.step.parent is not start[0] or len(_walks_again) >= _PLANS_KEPT:
+                len(_walks_again) >= _PLANS_KEPT:
             return
         node, n_outside, n_soft = start
+        if segment.step.parent is not node:  # (not the walk's call alone since)
+            return
         externals = segment.externals
         if len(externals) <= n_outside or externals[-1] is not root[1]:
             return
