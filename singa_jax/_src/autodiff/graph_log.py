@@ -51,29 +51,27 @@ class GraphLog:
     def add(self, op: Any, kind: Any, src: Sequence[Tuple[Any, int, Any, bool]]) -> None:
         """Note ``op`` (of ``kind``), whose inputs are ``src``: one ``(creator, id(x), x or None,
         x.stores_grad)`` per input, as an operator records them."""
+        ops, kept_at = self.ops, self.kept_at
         entry = [kind]
-        ops = self.ops
-        kept_at = self.kept_at
+        push = entry.append
         for creator, x_id, x, stores_grad in src:
-            if type(creator) is Dummy:
-                if not stores_grad:
-                    entry.append(-1)
-                    continue
+            if stores_grad:  # (a parameter, or an intermediate that keeps its gradient)
                 k = kept_at.get(x_id)
                 if k is None:
-                    k = kept_at[x_id] = len(self.kept)
+                    k = kept_at[x_id] = len(kept_at)
                     self.kept.append(x)
-                entry.append(-2 - k)
+                if type(creator) is Dummy:
+                    push(-2 - k)
+                    continue
+            elif type(creator) is Dummy:
+                push(-1)
                 continue
             p = creator.__dict__.get(POSITION)
             if p is None or p >= len(ops) or ops[p] is not creator:
                 self.valid = False  # (made outside this log: its graph is not known here)
                 return
             ids = creator.y_id2idx
-            entry.append(p if len(ids) == 1 else (p, ids[x_id]))
-            if stores_grad and x_id not in kept_at:  # (an intermediate that keeps its gradient)
-                kept_at[x_id] = len(self.kept)
-                self.kept.append(x)
+            push(p if len(ids) == 1 else (p, ids[x_id]))
         op.__dict__[POSITION] = len(ops)
         ops.append(op)
         self.entries.append(tuple(entry))
