@@ -1,6 +1,7 @@
 """Model internals: declared state and the programs graph mode keeps. (This tier imports
 singa_jax._src.)"""
 import numpy as np
+import pytest
 from singa_jax import autograd, device, layer, model, opt, tensor
 from test_model import (  # noqa: F401 (shared helpers and fixtures)
     CNN_IN, MLP, MLP_IN, OPTIMIZERS, SmallCNN, build, data, restore_training_flag)
@@ -135,3 +136,34 @@ def test_evaluation_does_not_walk_the_layers_again_while_the_loss_layer_waits(mo
     m.extra = layer.Linear(2)  # a new layer, not yet initialised: the model's structure changed
     assert {id(lay) for lay in m._uninitialised_layers()} == {id(m.loss), id(m.extra)}
     assert len(walks) == 1
+
+
+def test_a_failed_first_call_leaves_its_new_layers_waiting_for_the_next_call():
+    """A call that initialises a layer and then raises leaves the layer uninitialised (the
+    transaction undoes it) -- and the model's record of its uninitialised layers says so, even
+    when it was read again after the layer was initialised."""
+
+    class Failing(model.Model):
+        def __init__(self):
+            super().__init__()
+            self.fc = layer.Linear(3)
+            self.fail = True
+
+        def forward(self, x):
+            y = self.fc(x)
+            self._uninitialised_layers()  # (read once the layer is initialised)
+            if self.fail:
+                raise RuntimeError("the step fails after initialising fc")
+            return y
+
+    m = Failing()
+    m.eval()
+    x, _ = data(MLP_IN, 0)
+    with pytest.raises(RuntimeError, match="fails after initialising"):
+        m(x)
+    assert not m.fc._initialized
+    assert any(lay is m.fc for lay in m._uninitialised_layers())
+    m.fail = False
+    np.testing.assert_allclose(tensor.to_numpy(m(x)),
+                               tensor.to_numpy(x) @ tensor.to_numpy(m.fc.W) +
+                               tensor.to_numpy(m.fc.b), rtol=1e-5, atol=1e-6)

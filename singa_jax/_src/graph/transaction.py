@@ -68,6 +68,7 @@ class StepTransaction:
                 t._data = array
         for layer in self._layers:
             layer.__dict__["_initialized"] = False
+            layer._bump_structure_version()  # (what caches the layers' state sees it changed)
 
 
 def _remember(obj: Any, arrays: bool) -> Tuple[Any, Dict[str, Any], List[Tuple[Tensor, Any]]]:

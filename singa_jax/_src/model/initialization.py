@@ -45,4 +45,5 @@ def initialize(model: Layer, inputs: Sequence[Tensor]) -> None:
         d.key = k
     for layer in layer_tree(model):
         layer.__dict__["_initialized"] = False
+        layer._bump_structure_version()
     model.forward(*inputs)
