@@ -25,7 +25,7 @@ replay drops it at the flush.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from singa_jax._src.base.node import Dummy
 from singa_jax._src.eager import replay
@@ -77,14 +77,20 @@ class GraphLog:
         self.entries.append(tuple(entry))
 
 
+def _valid_log(segment: Any) -> Optional[GraphLog]:
+    """``segment``'s log (made on first use), or None once it is not valid."""
+    log = segment.graph
+    if log is None:
+        log = segment.graph = GraphLog()
+    return log if log.valid else None
+
+
 def note(segment: Any, op: Any, kind: Any, src: Sequence[Tuple[Any, int, Any, bool]]) -> None:
     """Note ``op`` (of ``kind``, inputs ``src``), just recorded into ``segment``, in its log."""
     if segment.done:  # (it reached its limit and ran: the next operators start another)
         return
-    log = segment.graph
-    if log is None:
-        log = segment.graph = GraphLog()
-    if log.valid:
+    log = _valid_log(segment)
+    if log is not None:
         log.add(op, kind, src)
 
 
@@ -93,12 +99,8 @@ def note_operator(op: Any, n_outputs: int) -> None:
     device (if any): its kind is its type, whether it needs a gradient and is tracked, its
     outputs, which inputs keep their gradient, and its pullback's structure."""
     segment = replay.recording_segment(op.device)
-    if segment is None:
-        return
-    log = segment.graph
+    log = None if segment is None else _valid_log(segment)
     if log is None:
-        log = segment.graph = GraphLog()
-    if not log.valid:
         return
     step = op.pullback_step(True)  # (what a walk reads of it, as the walk reads it)
     kind = (type(op), op.requires_grad, op.tracked, n_outputs,
