@@ -4,13 +4,14 @@ whose kernels are the same but whose graph is not (a detached input, other param
 used twice) walks its own graph. (This tier imports singa_jax._src.)"""
 from __future__ import annotations
 
+import threading
 from typing import Callable, Dict
 
 import numpy as np
 import pytest
 
 from singa_jax import autograd, layer, model, opt, tensor
-from singa_jax._src.autodiff import fused
+from singa_jax._src.autodiff import fused, graph_log
 from singa_jax._src.base import process_state
 from test_replay_step import _close
 
@@ -139,3 +140,47 @@ def test_a_second_backward_through_the_step_graph_is_walked_again(monkeypatch):
             return out, loss
 
     _same(_train(TwoWalks, True, monkeypatch), _train(TwoWalks, False, monkeypatch))
+
+
+class TorchStyle(Mlp):
+    """The same model trained PyTorch-style: ``loss.backward()``, then an update per parameter
+    (a walk that is never recorded into the step's segment)."""
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        self.zero_grad()
+        loss.backward()
+        for p in self.parameters():
+            self.optimizer.update(p, p.grad)
+        self.optimizer.step()
+        self.calls += 1
+        return out, loss
+
+
+def test_a_thread_that_walks_pytorch_style_keeps_no_graph_log(monkeypatch):
+    # (in a thread of its own: whether a thread keeps logs is the thread's)
+    added = []
+    real = graph_log.GraphLog.add
+    monkeypatch.setattr(graph_log.GraphLog, "add",
+                        lambda self, *args: added.append(1) or real(self, *args))
+    noted, failed = {}, []
+
+    def steps() -> None:
+        try:
+            _train(TorchStyle, True, monkeypatch)
+            noted["pytorch-style"] = len(added)
+            before = autograd.replay_stats()["recorded_again"]
+            _train(Mlp, True, monkeypatch)
+            noted["singa-style"] = len(added) - noted["pytorch-style"]
+            noted["recorded again"] = autograd.replay_stats()["recorded_again"] - before
+        except BaseException as e:  # noqa: BLE001  (raised again in the test's thread)
+            failed.append(e)
+
+    thread = threading.Thread(target=steps)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    assert noted["pytorch-style"] == 0
+    assert noted["singa-style"] > 0 and noted["recorded again"] == STEPS - 2

@@ -136,6 +136,7 @@ def fused_walk(roots: Sequence[Tuple[Tensor, Any]], wanted: Dict[Tuple[Node, int
     heavy = fuses_heavy_walks(roots[0][0].device.platform)
     again = None
     if record and len(roots) == 1 and not wanted and not observe.on:
+        graph_log.want()  # (this thread's next steps keep the log it needs)
         again = _WalkAgain.find(roots[0], heavy)
         if again is not None and again.walk is not None:
             yields = again.walk.record(again.segment, roots[0])

@@ -15,6 +15,9 @@ input, where that input comes from:
   (:attr:`GraphLog.kept`; one tensor used twice is one place);
 * ``-1``: a plain leaf (the batch), which gets no gradient.
 
+A thread keeps logs only once one of its walks could be recorded again (:func:`want`): a loop
+that walks PyTorch-style (``loss.backward()``, which never records its walk) pays nothing.
+
 Two logs with equal entries hold graphs that a walk from the same position takes alike -- the
 same operators of the same kinds over the same edges, the same tensors yielded at the same
 places -- so a walk recorded over one is recorded again over the other (see
@@ -25,15 +28,35 @@ replay drops it at the flush.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from singa_jax._src.base import process_state
 from singa_jax._src.base.node import Dummy
 from singa_jax._src.eager import replay
 
-__all__ = ["GraphLog", "note", "note_operator", "position"]
+__all__ = ["GraphLog", "note", "note_operator", "position", "want"]
 
 # the attribute an operator's log position is kept in (per call: a recipe never copies it)
 POSITION = "_logged"
+
+
+class _Local(threading.local):
+    wanted = False  # whether this thread's segments keep a log (see want)
+
+
+_local = _Local()
+
+
+def want() -> None:
+    """Called by a walk that may be recorded again: this thread's segments keep a log from now
+    on."""
+    _local.wanted = True
+
+
+@process_state.register
+def _forget_wanted() -> None:
+    _local.wanted = False
 
 
 class GraphLog:
@@ -87,7 +110,8 @@ def _valid_log(segment: Any) -> Optional[GraphLog]:
 
 def note(segment: Any, op: Any, kind: Any, src: Sequence[Tuple[Any, int, Any, bool]]) -> None:
     """Note ``op`` (of ``kind``, inputs ``src``), just recorded into ``segment``, in its log."""
-    if segment.done:  # (it reached its limit and ran: the next operators start another)
+    # (a segment that reached its limit has run: the next operators start another)
+    if segment.done or not _local.wanted:
         return
     log = _valid_log(segment)
     if log is not None:
@@ -98,7 +122,7 @@ def note_operator(op: Any, n_outputs: int) -> None:
     """Note ``op``, just called by the generic path, in the log of the segment recording on its
     device (if any): its kind is its type, whether it needs a gradient and is tracked, its
     outputs, which inputs keep their gradient, and its pullback's structure."""
-    segment = replay.recording_segment(op.device)
+    segment = replay.recording_segment(op.device) if _local.wanted else None
     log = None if segment is None else _valid_log(segment)
     if log is None:
         return
