@@ -68,8 +68,7 @@ def _train(make: Callable[[], model.Model], again: bool, monkeypatch, steps: int
     process_state.reset()
     monkeypatch.setattr(fused, "_walks_again", {} if again else _NoWalksAgain())
     nets = []
-    for k in range(models):
-        np.random.seed(k)
+    for _ in range(models):
         net = make()
         net.set_optimizer(opt.SGD(lr=0.1, momentum=0.9))
         net.compile([_data(0)[0]], is_train=True, use_graph=False)
