@@ -297,14 +297,20 @@ class Net(model.Model):
         return self.hidden(self.block(x))
 
     def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.loss(out, y)
-        self.zero_grad()
-        loss.backward()
-        for p in self.parameters():
-            self.optimizer.update(p, p.grad)
-        self.optimizer.step()
-        return out, loss
+        return pytorch_style_step(self, x, y)
+
+
+def pytorch_style_step(net, x, y):
+    """``net``'s training step written PyTorch's way: forward and loss, ``zero_grad``,
+    ``loss.backward()``, an update per parameter, ``step()``."""
+    out = net.forward(x)
+    loss = net.loss(out, y)
+    net.zero_grad()
+    loss.backward()
+    for p in net.parameters():
+        net.optimizer.update(p, p.grad)
+    net.optimizer.step()
+    return out, loss
 
 
 def batches(n=4, seed=0):

@@ -14,6 +14,7 @@ from singa_jax import autograd, layer, model, opt, tensor
 from singa_jax._src.autodiff import fused, graph_log
 from singa_jax._src.base import process_state
 from test_replay_step import _close
+from test_torch_style import pytorch_style_step
 
 pytestmark = pytest.mark.usefixtures("record_every_sequence")
 
@@ -146,15 +147,9 @@ class TorchStyle(Mlp):
     (a walk that is never recorded into the step's segment)."""
 
     def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.loss(out, y)
-        self.zero_grad()
-        loss.backward()
-        for p in self.parameters():
-            self.optimizer.update(p, p.grad)
-        self.optimizer.step()
+        result = pytorch_style_step(self, x, y)
         self.calls += 1
-        return out, loss
+        return result
 
 
 def test_a_thread_that_walks_pytorch_style_keeps_no_graph_log(monkeypatch):
