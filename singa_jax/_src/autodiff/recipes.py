@@ -24,6 +24,7 @@ that is not replay's record itself.
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
 
 import jax
@@ -42,7 +43,7 @@ from singa_jax._src.eager import replay
 from singa_jax._src.eager.replay import Deferred
 from singa_jax._src.tensor.tensor import Tensor
 
-__all__ = ["Recipe", "kind_call", "recorded_by_kind", "new_holder", "ENABLED"]
+__all__ = ["Recipe", "kind_call", "recorded_by_kind", "new_holder", "ENABLED", "captured"]
 
 # False (``SINGA_JAX_KIND_RECIPES=0``): every call takes the generic path (for comparisons)
 ENABLED = flag("SINGA_JAX_KIND_RECIPES")
@@ -227,12 +228,28 @@ def kind_call(holder: Optional[Dict[Hashable, Any]], key: Hashable, make: Callab
     if recipe is not None:
         y = recipe.record(xs)
         if y is not None:
+            calls = captured.calls
+            if calls is not None:
+                calls.append((holder, key, modes, xs, y))
             return y
     op = make()
     y = op(*xs)[0]
     if recipe is not None or len(holder) < _RECIPES_KEPT:
-        holder[key] = Recipe.learn(op, xs, modes)
+        recipe = holder[key] = Recipe.learn(op, xs, modes)
+        calls = captured.calls
+        if calls is not None and recipe is not None:
+            calls.append((holder, key, modes, xs, y))
     return y
+
+
+class _Captured(threading.local):
+    # while a layer learns its call (see layers.last_call): per call of :func:`kind_call` whose
+    # recipe a later call of the same signature records, ``(holder, key with the modes, modes,
+    # inputs, output)``
+    calls: Optional[list] = None
+
+
+captured = _Captured()
 
 
 _HOLDERS: list = []  # the op tables' recipe holders (handles keep theirs on the handle)

@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 from singa_jax._src.layers import initializer as init
 from singa_jax._src.layers import utils
+from singa_jax._src.layers.last_call import one_operator
 from singa_jax._src.runtime.device import Device
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.layers.base import Layer, positive_int
@@ -135,6 +136,7 @@ class _Windowed(Layer):
         raise NotImplementedError
 
 
+@one_operator  # (with activation='RELU' two: such a layer never learns its call)
 class Conv2d(_Windowed):
     """2-D convolution (cross-correlation) over NCHW input.
 
@@ -235,6 +237,7 @@ class SeparableConv2d(Layer):
         return self.point_conv(self.depthwise_conv(x))
 
 
+@one_operator
 class BatchNorm2d(Layer):
     """Batch normalisation over axis 1: ``y = scale * (x - mean) / sqrt(var + eps) + bias``.
 

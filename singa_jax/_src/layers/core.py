@@ -10,6 +10,7 @@ from singa_jax._src.layers import initializer as init
 from singa_jax._src.runtime.device import Device, get_default_device
 from singa_jax._src.tensor.tensor import Tensor
 from singa_jax._src.layers.base import Layer, positive_int
+from singa_jax._src.layers.last_call import one_operator
 from singa_jax._src.ops.elementwise import add, add_bias, gemm, matmul, relu, sigmoid, softmax
 from singa_jax._src.ops.loss import (binary_cross_entropy, cross_entropy, mse_loss,
                                      softmax_cross_entropy)
@@ -180,6 +181,9 @@ def _make_stateless(name: str, fn: Callable, inputs: Tuple[str, ...], options: D
 ReLU = _make_stateless("ReLU", relu, ("x",), {}, "``max(x, 0)``")
 Sigmoid = _make_stateless("Sigmoid", sigmoid, ("x",), {}, "``1 / (1 + exp(-x))``")
 Add = _make_stateless("Add", add, ("a", "b"), {}, "``a + b``")
+for _one in (ReLU, Sigmoid, Add):  # (one operator of a table's kind per call: see last_call)
+    one_operator(_one)
+del _one
 Flatten = _make_stateless("Flatten", flatten, ("x",), {"axis": 1},
                           "reshape to 2-D: axes before ``axis`` form the rows")
 SoftMaxCrossEntropy = _make_stateless(
