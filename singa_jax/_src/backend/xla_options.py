@@ -198,14 +198,24 @@ def _piece_setting(value: Optional[str]) -> Optional[int]:
 _PIECE_ENV = _piece_setting(os.environ.get("SINGA_JAX_REPLAY_PIECE"))
 
 
-# Platforms where calling a compiled program blocks the calling thread while XLA launches its
-# kernels one by one (XLA:GPU: ~10 ms for SINGA's ResNet-50 training step on an H200, measured as
-# graph mode's time until its call returns): there eager replay starts a speculated program
-# (see replay._Plan) from a thread of its own, so that the launch overlaps the host's recording
-# of the rest of the step instead of preceding it. JAX releases the GIL while it launches.
-# Elsewhere the call only enqueues the program (XLA:CPU's asynchronous dispatch; a TPU runs a
-# program as one launch) and a thread would only add its hand-over.
-LAUNCHES_IN_THREAD: Dict[str, bool] = {"gpu": True}
+def _cpu_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+# Platforms where eager replay starts a speculated program (see replay._Plan) from a thread of
+# its own, so that the call overlaps the host's recording of the rest of the step instead of
+# preceding it. JAX releases the GIL for part of a call. On XLA:GPU the call launches the
+# kernels one by one (~10 ms for SINGA's ResNet-50 training step on an H200, measured as graph
+# mode's time until its call returns). On XLA:CPU the call only enqueues the program, but a
+# recurring step's has a thousand-odd inputs and outputs: ~3 ms of the dispatch-bound network's
+# step, of which the thread takes a quarter off the recording thread (its step 0.87-0.97x in
+# turns, same process) -- on two cores or more; on one, the thread has nothing to overlap.
+# A TPU runs a program as one launch.
+LAUNCHES_IN_THREAD: Dict[str, bool] = {"gpu": True, "cpu": _cpu_cores() >= 2}
 
 
 def launches_in_thread(platform: str) -> bool:
@@ -247,11 +257,7 @@ def quick_steps_while_compiling(platform: str) -> bool:
     (:data:`QUICK_STEPS_MIN_CPU_CORES`)."""
     if platform != "cpu":
         return True  # the step runs on the accelerator, the compiler on the host
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return cores >= QUICK_STEPS_MIN_CPU_CORES
+    return _cpu_cores() >= QUICK_STEPS_MIN_CPU_CORES
 
 
 def _choose(options: Dict[str, Any], platform: str, table: Dict[str, Tuple[Any, ...]]) -> None:
