@@ -154,10 +154,10 @@ class TorchStyle(Mlp):
 
 def test_a_thread_that_walks_pytorch_style_keeps_no_graph_log(monkeypatch):
     # (in a thread of its own: whether a thread keeps logs is the thread's)
-    added = []
-    real = graph_log.GraphLog.add
-    monkeypatch.setattr(graph_log.GraphLog, "add",
-                        lambda self, *args: added.append(1) or real(self, *args))
+    added = []  # (one per graph log made)
+    real = graph_log.GraphLog.__init__
+    monkeypatch.setattr(graph_log.GraphLog, "__init__",
+                        lambda self: added.append(1) or real(self))
     noted, failed = {}, []
 
     def steps() -> None:

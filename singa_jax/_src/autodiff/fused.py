@@ -233,7 +233,7 @@ class _WalkAgain:
             return None
         segment = replay.recording_segment(y.device)
         log = None if segment is None else segment.graph
-        if log is None or not log.valid:
+        if log is None or not log.settle().valid:
             return None
         creator = y.creator
         p = graph_log.position(log, creator)
@@ -271,7 +271,7 @@ class _WalkAgain:
         for i, a in enumerate(externals[:n_outside]):
             at[id(a)] = None if id(a) in at else i  # (an array taken twice: no one place)
         outside = [at.get(id(a)) for a in externals[n_outside:-1]]
-        kept_at = segment.graph.kept_at
+        kept_at = segment.graph.settle().kept_at
         places = [-1 if x is root[0] else kept_at.get(id(x)) for x in xs]
         if None in outside or None in places:
             return

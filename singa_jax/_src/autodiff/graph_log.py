@@ -60,62 +60,65 @@ def _forget_wanted() -> None:
 
 
 class GraphLog:
-    """One segment's log (see the module's docstring)."""
+    """One segment's log (see the module's docstring). Operators are noted as they are
+    recorded (:func:`note`: the operator, its kind and its inputs' sources as it holds them)
+    and their entries worked out in one pass when a walk asks (:meth:`settle`): a step's
+    forward pays a list append per operator."""
 
-    __slots__ = ("ops", "entries", "kept", "kept_at", "valid")
+    __slots__ = ("noted", "ops", "entries", "kept", "kept_at", "valid")
 
     def __init__(self) -> None:
-        self.ops: List[Any] = []  # the operators noted, in order
+        self.noted: List[Tuple[Any, Any, Sequence]] = []  # (op, kind, src) not settled yet
+        self.ops: List[Any] = []  # the operators settled, in order
         self.entries: List[Tuple] = []  # per operator: (kind, the source of each input...)
         self.kept: List[Any] = []  # the input tensors that keep their gradient, in order met
         self.kept_at: Dict[int, int] = {}  # id(tensor) -> its place in ``kept``
         self.valid = True
 
-    def add(self, op: Any, kind: Any, src: Sequence[Tuple[Any, int, Any, bool]]) -> None:
-        """Note ``op`` (of ``kind``), whose inputs are ``src``: one ``(creator, id(x), x or None,
-        x.stores_grad)`` per input, as an operator records them."""
-        ops, kept_at = self.ops, self.kept_at
-        entry = [kind]
-        push = entry.append
-        for creator, x_id, x, stores_grad in src:
-            if stores_grad:  # (a parameter, or an intermediate that keeps its gradient)
-                k = kept_at.get(x_id)
-                if k is None:
-                    k = kept_at[x_id] = len(kept_at)
-                    self.kept.append(x)
-                if type(creator) is Dummy:
-                    push(-2 - k)
+    def settle(self) -> "GraphLog":
+        """Work out the entries of the operators noted since the last call; returns the log."""
+        noted = self.noted
+        if not noted or not self.valid:
+            return self
+        self.noted = []
+        ops, kept, kept_at, entries = self.ops, self.kept, self.kept_at, self.entries
+        for op, kind, src in noted:
+            entry = [kind]
+            push = entry.append
+            for creator, x_id, x, stores_grad in src:
+                if stores_grad:  # (a parameter, or an intermediate that keeps its gradient)
+                    k = kept_at.get(x_id)
+                    if k is None:
+                        k = kept_at[x_id] = len(kept)
+                        kept.append(x)
+                    if type(creator) is Dummy:
+                        push(-2 - k)
+                        continue
+                elif type(creator) is Dummy:
+                    push(-1)
                     continue
-            elif type(creator) is Dummy:
-                push(-1)
-                continue
-            p = creator.__dict__.get(POSITION)
-            if p is None or p >= len(ops) or ops[p] is not creator:
-                self.valid = False  # (made outside this log: its graph is not known here)
-                return
-            ids = creator.y_id2idx
-            push(p if len(ids) == 1 else (p, ids[x_id]))
-        op.__dict__[POSITION] = len(ops)
-        ops.append(op)
-        self.entries.append(tuple(entry))
-
-
-def _valid_log(segment: Any) -> Optional[GraphLog]:
-    """``segment``'s log (made on first use), or None once it is not valid."""
-    log = segment.graph
-    if log is None:
-        log = segment.graph = GraphLog()
-    return log if log.valid else None
+                p = creator.__dict__.get(POSITION)
+                if p is None or p >= len(ops) or ops[p] is not creator:
+                    self.valid = False  # (made outside this log: its graph is not known here)
+                    return self
+                ids = creator.y_id2idx
+                push(p if len(ids) == 1 else (p, ids[x_id]))
+            op.__dict__[POSITION] = len(ops)
+            ops.append(op)
+            entries.append(tuple(entry))
+        return self
 
 
 def note(segment: Any, op: Any, kind: Any, src: Sequence[Tuple[Any, int, Any, bool]]) -> None:
-    """Note ``op`` (of ``kind``, inputs ``src``), just recorded into ``segment``, in its log."""
+    """Note ``op`` (of ``kind``), just recorded into ``segment``, whose inputs are ``src``: one
+    ``(creator, id(x), x or None, x.stores_grad)`` per input, as an operator records them."""
     # (a segment that reached its limit has run: the next operators start another)
     if segment.done or not _local.wanted:
         return
-    log = _valid_log(segment)
-    if log is not None:
-        log.add(op, kind, src)
+    log = segment.graph
+    if log is None:
+        log = segment.graph = GraphLog()
+    log.noted.append((op, kind, src))
 
 
 def note_operator(op: Any, n_outputs: int) -> None:
@@ -123,18 +126,17 @@ def note_operator(op: Any, n_outputs: int) -> None:
     device (if any): its kind is its type, whether it needs a gradient and is tracked, its
     outputs, which inputs keep their gradient, and its pullback's structure."""
     segment = replay.recording_segment(op.device) if _local.wanted else None
-    log = None if segment is None else _valid_log(segment)
-    if log is None:
+    if segment is None or (segment.graph is not None and not segment.graph.valid):
         return
     step = op.pullback_step(True)  # (what a walk reads of it, as the walk reads it)
     kind = (type(op), op.requires_grad, op.tracked, n_outputs,
             tuple([stores_grad for _, _, _, stores_grad in op.src]),
             None if step is None else (step[0], step[1], step[3]))
-    log.add(op, kind, op.src)
+    note(segment, op, kind, op.src)
 
 
 def position(log: GraphLog, op: Any) -> int:
-    """``op``'s position in ``log``, or -1 when it is not noted there."""
+    """``op``'s position in ``log`` (settled), or -1 when it is not noted there."""
     p = op.__dict__.get(POSITION) if hasattr(op, "__dict__") else None
     if p is None or p >= len(log.ops) or log.ops[p] is not op:
         return -1
