@@ -29,7 +29,7 @@ replay drops it at the flush.
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from singa_jax._src.base import process_state
 from singa_jax._src.base.node import Dummy
