@@ -4,7 +4,10 @@ kind (``autodiff/recipes.py``, ``recipes.ENABLED``), the remembered backward wal
 symbolic walk), the walk recorded again from the step's graph log (``autodiff/graph_log.py``,
 ``fused._WalkAgain``: a recurring step's walk skips reading the graph) and the lean pullbacks
 (``autodiff/residuals.py``: relu's and batch norm's hand-written pullbacks; off, the forward
-kernel differentiates the plain functions).
+kernel differentiates the plain functions), a one-operator layer's call recorded from its last
+call's recipe (``layers/last_call.py``; off, every call passes the layer's forward) and the
+speculated program started from replay's launching thread on a CPU
+(``xla_options.LAUNCHES_IN_THREAD``; off, called by the recording thread).
 
 ``deep``: ``bench_eager.py``'s dispatch-bound network (100 x [Conv2d 8->8, BatchNorm2d, ReLU]
 on one 8x8x8 image, SGD with momentum): the training step, its forward and its backward walk
@@ -15,7 +18,7 @@ printed, and the median of those ratios (on a host whose load drifts, steadier t
 of the medians). Every timed step waits for all of its results.
 
     python benchmarks/bench_eager_paths.py [--nets deep,mlp,cnn] [--rounds 8] [--steps 10]
-        [--only kinds|walk|again|lean]
+        [--only kinds|walk|again|lean|layers|thread]
 """
 from __future__ import annotations
 
@@ -34,7 +37,9 @@ from singa_jax._src.autodiff import recipes as kinds, residuals
 from singa_jax._src.autodiff import fused
 from singa_jax._src.autodiff import kernels
 from singa_jax._src.optim import optimizers
+from singa_jax._src.backend import xla_options
 from singa_jax._src.backend.xla_options import kernel
+from singa_jax._src.layers import last_call
 from torch_child import step_times
 
 
@@ -46,6 +51,16 @@ def _plain_forward_vjp_kernel(fn, static, diff, n_state, *xs):
 
 
 _LEAN_KERNEL = kernels.forward_vjp_kernel
+_LAYER_CALLS = (last_call.LastCall.again, last_call.learn)
+_IN_THREAD = xla_options.LAUNCHES_IN_THREAD.get("cpu", False)
+
+
+def _no_again(self, layer, inputs):
+    return None
+
+
+def _no_learning(layer, inputs):
+    return layer.forward(*inputs)
 
 
 class _NoMemory(dict):
@@ -67,6 +82,10 @@ def _set(on: bool, only: str, remembered: Tuple[dict, dict]) -> None:
     # (the kernel is read from its module at each call: a recipe keeps only its statics)
     kernels.forward_vjp_kernel = kinds.forward_vjp_kernel = \
         _LEAN_KERNEL if (on or only not in (None, "lean")) else _plain_forward_vjp_kernel
+    layers_on = on or only not in (None, "layers")
+    last_call.LastCall.again, last_call.learn = \
+        _LAYER_CALLS if layers_on else (_no_again, _no_learning)
+    xla_options.LAUNCHES_IN_THREAD["cpu"] = _IN_THREAD and (on or only not in (None, "thread"))
 
 
 def _timed(fn: Callable[[], None], steps: int) -> float:
@@ -169,9 +188,11 @@ def main() -> None:
     ap.add_argument("--nets", default="deep,mlp,cnn")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--only", choices=["kinds", "walk", "again", "lean"], default=None,
+    ap.add_argument("--only", choices=["kinds", "walk", "again", "lean", "layers", "thread"],
+                    default=None,
                     help="switch only the per-kind path, the remembered walk, the walk "
-                         "recorded again or the lean pullbacks")
+                         "recorded again, the lean pullbacks, the layers' last calls or the "
+                         "launching thread")
     args = ap.parse_args()
     print(f"jax {jax.__version__}; {jax.devices()[0]}; switched: {args.only or 'all'}")
     for net in args.nets.split(","):
