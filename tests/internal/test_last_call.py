@@ -239,3 +239,19 @@ def test_a_call_of_more_than_one_operator_is_not_learnt(rng, again_used):
         sides.append(lay.side.creator)
     assert len(set(map(id, sides))) == 3 and not any(y is not None for y in again_used)
     assert last_call.ATTRIBUTE not in lay.__dict__
+
+
+def test_a_forward_patched_on_the_class_is_called(rng, again_used, monkeypatch):
+    """A learnt call stands for the class's forward as it was learnt: patched since (say, to
+    instrument every ReLU), the patch runs."""
+    x = tensor.from_numpy(rng.standard_normal((2, 3)).astype(np.float32))
+    relu = layer.ReLU()
+    relu(x)
+    relu(x)
+    assert again_used[-1] is not None
+    seen = []
+    forward = layer.ReLU.forward
+    monkeypatch.setattr(layer.ReLU, "forward", lambda self, x: seen.append(x) or forward(self, x))
+    for _ in range(2):
+        np.testing.assert_array_equal(tensor.to_numpy(relu(x)), np.maximum(tensor.to_numpy(x), 0))
+    assert len(seen) == 2 and again_used[-1] is None

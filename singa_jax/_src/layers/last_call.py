@@ -40,21 +40,23 @@ _OVERRIDES = ("forward", "initialize", "device_check", "dtype_check")
 
 class LastCall:
     """A layer's last call, as the operator kind it recorded: the recipe holder and key, the
-    modes it ran in, the number of inputs and the layer's own tensors that followed them."""
+    modes it ran in, the number of inputs and the layer's own tensors that followed them, and
+    the class's ``forward`` it stands for (one patched since takes the whole path)."""
 
-    __slots__ = ("version", "n_inputs", "holder", "key", "modes", "tensors")
+    __slots__ = ("version", "n_inputs", "holder", "key", "modes", "tensors", "forward")
 
     def __init__(self, version: int, n_inputs: int, holder: dict, key: Hashable,
-                 modes: Tuple, tensors: Tuple[Any, ...]):
+                 modes: Tuple, tensors: Tuple[Any, ...], forward: Any):
         self.version, self.n_inputs, self.holder, self.key = version, n_inputs, holder, key
-        self.modes, self.tensors = modes, tensors
+        self.modes, self.tensors, self.forward = modes, tensors, forward
 
     def again(self, layer: Any, inputs: Tuple[Any, ...]) -> Optional[Any]:
         """The layer's output on ``inputs`` recorded from the recipe, or None: the call goes
         the whole way (another structure, signature or mode; replay off; an observer)."""
         if layer.__dict__.get("_structure_version", 0) != self.version or \
                 len(inputs) != self.n_inputs or observe.on or not recipes.ENABLED or \
-                not replay.active() or operator_modes() != self.modes:
+                type(layer).forward is not self.forward or not replay.active() or \
+                operator_modes() != self.modes:
             return None
         recipe = self.holder.get(self.key)
         if recipe is None:
@@ -74,13 +76,15 @@ def learn(layer: Any, inputs: Tuple[Any, ...]) -> Any:
     finally:
         recipes.captured.calls = outer
     last = None
-    if len(calls) == 1 and op_numbers[0] == made + 1:
+    forward = type(layer).forward  # (the class's own, as declared: not one patched since)
+    if len(calls) == 1 and op_numbers[0] == made + 1 and \
+            forward is type(layer).__dict__.get("_one_operator_forward"):
         holder, key, modes, xs, out = calls[0]
         n = len(inputs)
         if out is y and len(xs) >= n and all(map(operator.is_, xs, inputs)) and \
                 not any(map(state.__contains__, _OVERRIDES)):
             last = LastCall(state.get("_structure_version", 0), n, holder, key, modes,
-                            tuple(xs[n:]))
+                            tuple(xs[n:]), forward)
     if outer is not None:  # (a layer around this one learns too: it saw these calls)
         outer += calls
     if last is not None:
@@ -91,8 +95,10 @@ def learn(layer: Any, inputs: Tuple[Any, ...]) -> Any:
 
 
 def one_operator(cls: type) -> type:
-    """Class decorator: calls of ``cls`` (not of its subclasses) make one operator of a kind
-    on their inputs followed by tensors of the layer, while its structure does not change --
-    so a call may be recorded from the last one's recipe (see the module's docstring)."""
+    """Class decorator: calls of ``cls`` (not of its subclasses), through the ``forward`` it
+    defines (not one patched onto it later), make one operator of a kind on their inputs
+    followed by tensors of the layer, while its structure does not change -- so a call may be
+    recorded from the last one's recipe (see the module's docstring)."""
     cls._one_operator_class = cls
+    cls._one_operator_forward = cls.__dict__["forward"]
     return cls
