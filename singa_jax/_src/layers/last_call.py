@@ -76,7 +76,8 @@ def learn(layer: Any, inputs: Tuple[Any, ...]) -> Any:
     finally:
         recipes.captured.calls = outer
     last = None
-    forward = type(layer).forward  # (the class's own, as declared: not one patched since)
+    # (only the forward the class declared is vouched for, not one patched onto it since)
+    forward = type(layer).forward
     if len(calls) == 1 and op_numbers[0] == made + 1 and \
             forward is type(layer).__dict__.get("_one_operator_forward"):
         holder, key, modes, xs, out = calls[0]
