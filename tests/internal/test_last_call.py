@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import threading
 from typing import Any, List
 
 import numpy as np
@@ -255,3 +256,34 @@ def test_a_forward_patched_on_the_class_is_called(rng, again_used, monkeypatch):
     for _ in range(2):
         np.testing.assert_array_equal(tensor.to_numpy(relu(x)), np.maximum(tensor.to_numpy(x), 0))
     assert len(seen) == 2 and again_used[-1] is None
+
+
+def test_threads_sharing_a_layer_get_their_own_results(rng):
+    """Two threads calling one learnt Conv2d (each recording into its own segment) on their
+    own inputs, in turns as the scheduler pleases: each call's output is the convolution of its
+    own input."""
+    conv = layer.Conv2d(4, 3, padding=1)
+    inputs = [rng.standard_normal((2, 3, 5, 5)).astype(np.float32) for _ in range(2)]
+    conv(tensor.from_numpy(inputs[0]))
+    conv(tensor.from_numpy(inputs[0]))
+    assert last_call.ATTRIBUTE in conv.__dict__
+    expected = [tensor.to_numpy(autograd.conv2d(conv.handle, tensor.from_numpy(a), conv.W,
+                                                conv.b)) for a in inputs]
+    failures = []
+
+    def calls(i: int) -> None:
+        try:
+            x = tensor.from_numpy(inputs[i])
+            for _ in range(40):
+                np.testing.assert_allclose(tensor.to_numpy(conv(x)), expected[i], rtol=1e-5,
+                                           atol=1e-5)
+        except BaseException as e:  # noqa: BLE001  (raised again in the test's thread)
+            failures.append(e)
+
+    threads = [threading.Thread(target=calls, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
