@@ -4,7 +4,6 @@ whose kernels are the same but whose graph is not (a detached input, other param
 used twice) walks its own graph. (This tier imports singa_jax._src.)"""
 from __future__ import annotations
 
-import threading
 from typing import Callable, Dict
 
 import numpy as np
@@ -15,6 +14,7 @@ from singa_jax._src.autodiff import fused, graph_log
 from singa_jax._src.base import process_state
 from test_replay_step import _close
 from test_torch_style import pytorch_style_step
+from test_transactions import in_threads
 
 pytestmark = pytest.mark.usefixtures("record_every_sequence")
 
@@ -158,23 +158,16 @@ def test_a_thread_that_walks_pytorch_style_keeps_no_graph_log(monkeypatch):
     real = graph_log.GraphLog.__init__
     monkeypatch.setattr(graph_log.GraphLog, "__init__",
                         lambda self: added.append(1) or real(self))
-    noted, failed = {}, []
+    noted = {}
 
     def steps() -> None:
-        try:
-            _train(TorchStyle, True, monkeypatch)
-            noted["pytorch-style"] = len(added)
-            before = autograd.replay_stats()["recorded_again"]
-            _train(Mlp, True, monkeypatch)
-            noted["singa-style"] = len(added) - noted["pytorch-style"]
-            noted["recorded again"] = autograd.replay_stats()["recorded_again"] - before
-        except BaseException as e:  # noqa: BLE001  (raised again in the test's thread)
-            failed.append(e)
+        _train(TorchStyle, True, monkeypatch)
+        noted["pytorch-style"] = len(added)
+        before = autograd.replay_stats()["recorded_again"]
+        _train(Mlp, True, monkeypatch)
+        noted["singa-style"] = len(added) - noted["pytorch-style"]
+        noted["recorded again"] = autograd.replay_stats()["recorded_again"] - before
 
-    thread = threading.Thread(target=steps)
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
+    in_threads(steps)
     assert noted["pytorch-style"] == 0
     assert noted["singa-style"] > 0 and noted["recorded again"] == STEPS - 2

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import pickle
-import threading
 from typing import Any, List
 
 import numpy as np
@@ -17,6 +16,7 @@ from singa_jax._src.autodiff import recipes
 from singa_jax._src.base import observe
 from singa_jax._src.layers import last_call
 from singa_jax._src.base.modes import training_mode
+from test_transactions import in_threads
 
 
 @pytest.fixture
@@ -269,21 +269,10 @@ def test_threads_sharing_a_layer_get_their_own_results(rng):
     assert last_call.ATTRIBUTE in conv.__dict__
     expected = [tensor.to_numpy(autograd.conv2d(conv.handle, tensor.from_numpy(a), conv.W,
                                                 conv.b)) for a in inputs]
-    failures = []
-
     def calls(i: int) -> None:
-        try:
-            x = tensor.from_numpy(inputs[i])
-            for _ in range(40):
-                np.testing.assert_allclose(tensor.to_numpy(conv(x)), expected[i], rtol=1e-5,
-                                           atol=1e-5)
-        except BaseException as e:  # noqa: BLE001  (raised again in the test's thread)
-            failures.append(e)
+        x = tensor.from_numpy(inputs[i])
+        for _ in range(40):
+            np.testing.assert_allclose(tensor.to_numpy(conv(x)), expected[i], rtol=1e-5,
+                                       atol=1e-5)
 
-    threads = [threading.Thread(target=calls, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failures:
-        raise failures[0]
+    in_threads(lambda: calls(0), lambda: calls(1))

@@ -225,20 +225,15 @@ def kind_call(holder: Optional[Dict[Hashable, Any]], key: Hashable, make: Callab
     modes = operator_modes()
     key = (key, modes)
     recipe = holder.get(key)
-    if recipe is not None:
-        y = recipe.record(xs)
-        if y is not None:
-            calls = captured.calls
-            if calls is not None:
-                calls.append((holder, key, modes, xs, y))
-            return y
-    op = make()
-    y = op(*xs)[0]
-    if recipe is not None or len(holder) < _RECIPES_KEPT:
-        recipe = holder[key] = Recipe.learn(op, xs, modes)
-        calls = captured.calls
-        if calls is not None and recipe is not None:
-            calls.append((holder, key, modes, xs, y))
+    y = None if recipe is None else recipe.record(xs)
+    if y is None:
+        op = make()
+        y = op(*xs)[0]
+        if recipe is not None or len(holder) < _RECIPES_KEPT:  # (else recipe is None)
+            recipe = holder[key] = Recipe.learn(op, xs, modes)
+    calls = captured.calls
+    if calls is not None and recipe is not None:
+        calls.append((holder, key, modes, xs, y))
     return y
 
 

@@ -250,8 +250,10 @@ class Layer(object, metaclass=LayerMeta):
         """Forward propagation on Tensors; returns Tensor(s)."""
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
 
-    # a class declared with last_call.one_operator: its calls may be recorded from the last one
+    # a class declared with last_call.one_operator (and the forward it was declared with): its
+    # calls may be recorded from the last one
     _one_operator_class: Optional[type] = None
+    _one_operator_forward: Any = None
 
     def __call__(self, *args, **kwargs):
         if not kwargs:

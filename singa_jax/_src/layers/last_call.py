@@ -40,22 +40,23 @@ _OVERRIDES = ("forward", "initialize", "device_check", "dtype_check")
 
 class LastCall:
     """A layer's last call, as the operator kind it recorded: the recipe holder and key, the
-    modes it ran in, the number of inputs and the layer's own tensors that followed them, and
-    the class's ``forward`` it stands for (one patched since takes the whole path)."""
+    modes it ran in, the number of inputs and the layer's own tensors that followed them."""
 
-    __slots__ = ("version", "n_inputs", "holder", "key", "modes", "tensors", "forward")
+    __slots__ = ("version", "n_inputs", "holder", "key", "modes", "tensors")
 
     def __init__(self, version: int, n_inputs: int, holder: dict, key: Hashable,
-                 modes: Tuple, tensors: Tuple[Any, ...], forward: Any):
+                 modes: Tuple, tensors: Tuple[Any, ...]):
         self.version, self.n_inputs, self.holder, self.key = version, n_inputs, holder, key
-        self.modes, self.tensors, self.forward = modes, tensors, forward
+        self.modes, self.tensors = modes, tensors
 
     def again(self, layer: Any, inputs: Tuple[Any, ...]) -> Optional[Any]:
         """The layer's output on ``inputs`` recorded from the recipe, or None: the call goes
-        the whole way (another structure, signature or mode; replay off; an observer)."""
+        the whole way (another structure, signature or mode; a forward patched onto the class
+        since it was declared, which is not vouched for; replay off; an observer)."""
+        cls = type(layer)
         if layer.__dict__.get("_structure_version", 0) != self.version or \
                 len(inputs) != self.n_inputs or observe.on or not recipes.ENABLED or \
-                type(layer).forward is not self.forward or not replay.active() or \
+                cls.forward is not cls._one_operator_forward or not replay.active() or \
                 operator_modes() != self.modes:
             return None
         recipe = self.holder.get(self.key)
@@ -76,16 +77,13 @@ def learn(layer: Any, inputs: Tuple[Any, ...]) -> Any:
     finally:
         recipes.captured.calls = outer
     last = None
-    # (only the forward the class declared is vouched for, not one patched onto it since)
-    forward = type(layer).forward
-    if len(calls) == 1 and op_numbers[0] == made + 1 and \
-            forward is type(layer).__dict__.get("_one_operator_forward"):
+    if len(calls) == 1 and op_numbers[0] == made + 1:
         holder, key, modes, xs, out = calls[0]
         n = len(inputs)
         if out is y and len(xs) >= n and all(map(operator.is_, xs, inputs)) and \
                 not any(map(state.__contains__, _OVERRIDES)):
             last = LastCall(state.get("_structure_version", 0), n, holder, key, modes,
-                            tuple(xs[n:]), forward)
+                            tuple(xs[n:]))
     if outer is not None:  # (a layer around this one learns too: it saw these calls)
         outer += calls
     if last is not None:
