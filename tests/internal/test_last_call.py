@@ -11,11 +11,12 @@ from typing import Any, List
 import numpy as np
 import pytest
 
-from singa_jax import autograd, layer, model, opt, tensor
+from singa_jax import autograd, layer, opt, tensor
 from singa_jax._src.autodiff import recipes
 from singa_jax._src.base import observe
 from singa_jax._src.layers import last_call
 from singa_jax._src.base.modes import training_mode
+from test_replay import Net
 from test_transactions import in_threads
 
 
@@ -38,29 +39,23 @@ def _no_learning(monkeypatch) -> None:
     monkeypatch.setattr(last_call, "learn", lambda layer_, inputs: layer_.forward(*inputs))
 
 
-class _Blocks(model.Model):
+class _Blocks(Net):
+    """test_replay's Net (its Flatten, Linear, loss and training step) with one ReLU layer
+    shared by its three blocks: a learnt call used at three places."""
+
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(depth=0)
         self.convs = [layer.Conv2d(4, 3, padding=1) for _ in range(3)]
         self.bns = [layer.BatchNorm2d(4) for _ in range(3)]
         self.relu = layer.ReLU()
         for i, (c, b) in enumerate(zip(self.convs, self.bns)):
             setattr(self, f"conv{i}", c)
             setattr(self, f"bn{i}", b)
-        self.flatten = layer.Flatten()
-        self.fc = layer.Linear(3)
-        self.loss = layer.SoftMaxCrossEntropy()
 
     def forward(self, x):
         for c, b in zip(self.convs, self.bns):
             x = self.relu(b(c(x)))
         return self.fc(self.flatten(x))
-
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.loss(out, y)
-        self.optimizer(loss)
-        return out, loss
 
 
 def _train(seed_data, steps: int) -> List[np.ndarray]:
